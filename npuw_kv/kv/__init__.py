@@ -1,0 +1,1 @@
+"""KV cache storage: the shared per-layer buffers, their views and copies (no OpenVINO models here)."""
