@@ -1,0 +1,142 @@
+"""Pipeline settings: one validated dataclass, accepting our names and NPUW's.
+
+Keys are case-insensitive.  Both ``max_prompt_len`` and ``MAX_PROMPT_LEN`` /
+``NPUW_LLM_MAX_PROMPT_LEN`` set the same field, so configurations written for NPUW or
+openvino-genai's NPU pipeline work unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+DEVICES = ("CPU", "NPU")
+KV_PRECISIONS = ("f32", "f16")
+KV_BINDINGS = ("roi", "copy")
+
+# alias (upper case) -> field name
+_ALIASES: dict[str, str] = {
+    "MAX_PROMPT_LEN": "max_prompt_len",
+    "NPUW_LLM_MAX_PROMPT_LEN": "max_prompt_len",
+    "MIN_RESPONSE_LEN": "min_response_len",
+    "NPUW_LLM_MIN_RESPONSE_LEN": "min_response_len",
+    "PREFILL_CHUNK_SIZE": "prefill_chunk_size",
+    "NPUW_LLM_PREFILL_CHUNK_SIZE": "prefill_chunk_size",
+    "KV_CACHE_PRECISION": "kv_precision",
+    "KV_PRECISION": "kv_precision",
+    "KV_BINDING": "kv_binding",
+    "STATIC_MODELS": "static_models",
+    "NPUW_DEVICES": "npuw_devices",
+    "NUM_THREADS": "num_threads",
+    "INFERENCE_NUM_THREADS": "num_threads",
+}
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().upper()
+    if text in ("YES", "TRUE", "1", "ON"):
+        return True
+    if text in ("NO", "FALSE", "0", "OFF"):
+        return False
+    raise ValueError(f"{key}={value!r}: expected YES/NO")
+
+
+def _as_int(key: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={value!r}: expected an integer") from None
+    if isinstance(value, float) and value != number:
+        raise ValueError(f"{key}={value!r}: expected an integer")
+    return number
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Static shapes and runtime choices of one pipeline.
+
+    ``max_prompt_len`` is rounded up to a multiple of ``prefill_chunk_size`` (as NPUW does) so
+    every chunk is full; ``total_len`` = max_prompt_len + min_response_len is the KV capacity.
+    ``static_models``: None picks per device — CPU compiles one model with dynamic sequence dims
+    that serves both the prefill and generate shapes (weights held once); NPU needs (and gets)
+    two static models.
+    """
+
+    device: str = "CPU"
+    max_prompt_len: int = 1024
+    min_response_len: int = 128
+    prefill_chunk_size: int = 256
+    kv_precision: str = "f32"
+    kv_binding: str = "roi"
+    static_models: bool | None = None
+    npuw_devices: str = "CPU"
+    num_threads: int = 0
+    compile_properties: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        device = str(self.device).upper()
+        object.__setattr__(self, "device", device)
+        if device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        if self.prefill_chunk_size <= 0:
+            raise ValueError(
+                f"prefill_chunk_size (NPUW_LLM_PREFILL_CHUNK_SIZE) must be > 0, "
+                f"got {self.prefill_chunk_size}"
+            )
+        if self.max_prompt_len <= 0:
+            raise ValueError(
+                f"max_prompt_len (MAX_PROMPT_LEN) must be > 0, got {self.max_prompt_len}"
+            )
+        if self.min_response_len < 1:
+            raise ValueError(
+                f"min_response_len (MIN_RESPONSE_LEN) must be >= 1, got {self.min_response_len}"
+            )
+        if self.kv_precision not in KV_PRECISIONS:
+            raise ValueError(
+                f"kv_precision (KV_CACHE_PRECISION) {self.kv_precision!r} not in {KV_PRECISIONS}"
+            )
+        if self.kv_binding not in KV_BINDINGS:
+            raise ValueError(f"kv_binding (KV_BINDING) {self.kv_binding!r} not in {KV_BINDINGS}")
+        if self.num_threads < 0:
+            raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
+        chunk = self.prefill_chunk_size
+        rounded = -(-self.max_prompt_len // chunk) * chunk
+        object.__setattr__(self, "max_prompt_len", rounded)
+
+    @property
+    def total_len(self) -> int:
+        """KV capacity in tokens (MAX_PROMPT_LEN + MIN_RESPONSE_LEN)."""
+        return self.max_prompt_len + self.min_response_len
+
+    @property
+    def use_static_models(self) -> bool:
+        return self.static_models if self.static_models is not None else self.device != "CPU"
+
+    @classmethod
+    def from_kwargs(cls, device: str = "CPU", **kwargs: Any) -> PipelineConfig:
+        """Build from our field names or NPUW/genai property names; unknown keys are errors."""
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {"device": device}
+        for key, value in kwargs.items():
+            name = key if key in known else _ALIASES.get(key.upper(), key.lower())
+            if name not in known or name == "device":
+                raise ValueError(
+                    f"unknown setting {key!r}; known: {sorted(known - {'device'})} "
+                    f"or {sorted(_ALIASES)}"
+                )
+            values[name] = value
+        for name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
+            if name in values:
+                values[name] = _as_int(name, values[name])
+        if values.get("static_models") is not None:
+            values["static_models"] = _as_bool("static_models", values["static_models"])
+        if "kv_precision" in values:
+            values["kv_precision"] = str(values["kv_precision"]).lower()
+        if "kv_binding" in values:
+            values["kv_binding"] = str(values["kv_binding"]).lower()
+        return cls(**values)
+
+    def with_updates(self, **kwargs: Any) -> PipelineConfig:
+        return replace(self, **kwargs)

@@ -1,0 +1,144 @@
+"""Eviction policy: priority levels, least-recently-released first inside a level.
+
+Every block with refcount 0 sits in exactly one queue (its pool's). The victim is the least
+recently released block of the lowest non-empty level. Worthless blocks (never cached, or cut
+from the tree) sit at ``EMPTY_LEVEL`` so they go before any cached block.
+
+Priorities come from the request: one integer, or token ranges (``PriorityRange``) so that a
+system prompt can outlive the chat turns after it. A block takes the priority of the range that
+holds its first token; when several sequences share a block, the last one to release it decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .block import EMPTY_LEVEL, MAX_PRIORITY, MIN_PRIORITY, KVBlock
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PriorityRange:
+    """Priority for the tokens ``[start, end)`` of a sequence (``end=None``: to the end)."""
+
+    start: int
+    end: int | None
+    priority: int
+
+
+class PrioritySpec:
+    """Maps a block index to its retention priority for one sequence."""
+
+    def __init__(
+        self, priority: int | Sequence[PriorityRange] | None, default: int, tokens_per_block: int
+    ) -> None:
+        self.default = default
+        self.tpb = tokens_per_block
+        if priority is None:
+            self.ranges: tuple[PriorityRange, ...] = ()
+        elif isinstance(priority, int):
+            check_priority(priority, "priority")
+            self.default = priority
+            self.ranges = ()
+        else:
+            ranges = tuple(priority)
+            for r in ranges:
+                check_priority(r.priority, "PriorityRange.priority")
+                if r.start < 0 or (r.end is not None and r.end < r.start):
+                    raise ConfigError(
+                        f"PriorityRange({r.start}, {r.end}) is not a token range; "
+                        "use 0 <= start <= end (end=None means to the end)"
+                    )
+            self.ranges = ranges
+
+    def for_block(self, index: int) -> int:
+        """Priority of the block holding tokens ``[index*tpb, (index+1)*tpb)``."""
+        first = index * self.tpb
+        for r in self.ranges:
+            if r.start <= first and (r.end is None or first < r.end):
+                return r.priority
+        return self.default
+
+
+def check_priority(value: int, what: str) -> None:
+    """Raise a ConfigError unless ``value`` is a valid priority."""
+    if not isinstance(value, int) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ConfigError(f"{what}={value!r} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+
+
+class EvictionQueue:
+    """Reclaimable blocks of one pool, ordered by (level, release time)."""
+
+    def __init__(self) -> None:
+        self._levels: dict[int, OrderedDict[int, KVBlock]] = {}
+        self._sorted_levels: list[int] = []
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __contains__(self, block: KVBlock) -> bool:
+        level = block.queue_level
+        return level is not None and block.block_id in self._levels.get(level, {})
+
+    def push(self, block: KVBlock, level: int) -> None:
+        """Make ``block`` reclaimable as the most recently released of ``level``."""
+        if block.queue_level is not None or block.ref_count != 0:
+            raise RuntimeError(f"cannot queue {block}: already queued or still referenced")
+        queue = self._levels.get(level)
+        if queue is None:
+            queue = self._levels[level] = OrderedDict()
+            bisect.insort(self._sorted_levels, level)
+        queue[block.block_id] = block
+        block.queue_level = level
+        self._size += 1
+
+    def remove(self, block: KVBlock) -> None:
+        """Take ``block`` out of the queue (it is being claimed or moved)."""
+        level = block.queue_level
+        if level is None:
+            raise RuntimeError(f"{block} is not queued")
+        queue = self._levels[level]
+        del queue[block.block_id]
+        if not queue:
+            del self._levels[level]
+            self._sorted_levels.remove(level)
+        block.queue_level = None
+        self._size -= 1
+
+    def requeue(self, block: KVBlock, level: int) -> None:
+        """Move a queued block to ``level`` (as most recently released there)."""
+        if block.queue_level != level:
+            self.remove(block)
+            self.push(block, level)
+
+    def pop_victim(self) -> KVBlock:
+        """Remove and return the block to reclaim next."""
+        if not self._size:
+            raise RuntimeError("eviction queue is empty (capacity was not checked)")
+        level = self._sorted_levels[0]
+        block = next(iter(self._levels[level].values()))
+        self.remove(block)
+        return block
+
+    def peek_level(self) -> int | None:
+        """Level of the next victim (``None`` when empty)."""
+        return self._sorted_levels[0] if self._sorted_levels else None
+
+    def blocks(self) -> Iterator[KVBlock]:
+        """All queued blocks, victim order."""
+        for level in self._sorted_levels:
+            yield from self._levels[level].values()
+
+    def count_at(self, level: int) -> int:
+        return len(self._levels.get(level, ()))
+
+    def __repr__(self) -> str:
+        sizes = {lvl: len(self._levels[lvl]) for lvl in self._sorted_levels}
+        return f"EvictionQueue({sizes})"
+
+
+__all__ = ["EMPTY_LEVEL", "EvictionQueue", "PriorityRange", "PrioritySpec", "check_priority"]

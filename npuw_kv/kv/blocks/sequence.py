@@ -1,0 +1,81 @@
+"""Per-sequence block table of one window group, and the arithmetic of linear writing.
+
+Blocks are written linearly, never as a ring: block ``i`` of the table holds tokens
+``[i*tpb, (i+1)*tpb)``. In a sliding-window group, front blocks are *detached* once
+``num_tokens - detached*tpb >= window + tpb``; detached slots stay in the table (so the sequence
+can still store them for reuse when it ends) but the sequence never reads them again.
+
+Detaching happens *before* a new block is allocated for the same token, so the number of live
+blocks a sequence needs is ``ceil(n/tpb) - max(d0, (n - window)//tpb)`` and never exceeds
+``ceil((window + tpb - 1)/tpb)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .block import KVBlock
+from .eviction import PrioritySpec
+
+if TYPE_CHECKING:
+    from .reuse_tree import TreeNode
+
+
+def blocks_for(n_tokens: int, tpb: int) -> int:
+    """Table slots needed for ``n_tokens`` tokens."""
+    return -(-n_tokens // tpb)
+
+
+def detached_after(n_tokens: int, window: int, tpb: int, detached: int) -> int:
+    """Detached-block count once the sequence holds ``n_tokens`` tokens."""
+    return max(detached, (n_tokens - window) // tpb)
+
+
+def live_after(n_tokens: int, window: int, tpb: int, detached: int) -> int:
+    return blocks_for(n_tokens, tpb) - detached_after(n_tokens, window, tpb, detached)
+
+
+def peak_live(n_from: int, n_to: int, window: int, tpb: int, detached: int) -> int:
+    """Most live blocks held at once while growing from ``n_from`` to ``n_to`` tokens.
+
+    Live count only rises when a new block starts, so checking block starts is enough.
+    """
+    peak = live_after(n_from, window, tpb, detached)
+    first_new = blocks_for(n_from, tpb)
+    for k in range(first_new, blocks_for(n_to, tpb)):
+        n = k * tpb + 1
+        peak = max(peak, live_after(n, window, tpb, detached))
+    return peak
+
+
+def required_trailing_blocks(window: int, tpb: int) -> int:
+    """Blocks before a hit point an attention window of ``window`` tokens reads.
+
+    The new token attends to itself and the ``window - 1`` tokens before it.
+    """
+    return -(-(window - 1) // tpb)
+
+
+@dataclass(eq=False)
+class SeqBlocks:
+    """One live sequence's blocks in one window group."""
+
+    serial: int
+    priorities: PrioritySpec
+    table: list[KVBlock | None] = field(default_factory=list)
+    #: index of the first live block; slots before it are detached (or never claimed)
+    first_live: int = 0
+    #: False once another allocation overwrote one of its blocks (SWA: never stored then)
+    storable: bool = True
+    #: full-attention groups store while filling: depth stored so far and the node there
+    stored_depth: int = 0
+    stored_node: TreeNode | None = None
+
+    def live(self) -> list[KVBlock]:
+        out: list[KVBlock] = []
+        for b in self.table[self.first_live :]:
+            if b is None:
+                raise RuntimeError(f"sequence serial {self.serial} has a hole in its live blocks")
+            out.append(b)
+        return out

@@ -1,0 +1,165 @@
+"""Graph rewrites that turn a stateful LLM IR into the models the static runtime drives.
+
+Each function mutates the ``ov.Model`` it is given and returns a small count of what it changed,
+so callers (and tests) can check that a rewrite actually applied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+from openvino._offline_transformations import stateful_to_stateless_transformation
+
+from .layout import KVLayout, ModelLayoutError
+
+_REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def input_names(model: ov.Model) -> set[str]:
+    return {n for inp in model.inputs for n in inp.get_names()}
+
+
+def make_stateless(model: ov.Model) -> bool:
+    """Expose the KV states as ``past_key_values.*`` inputs / ``present.*`` outputs.
+
+    Returns True if a conversion happened (False if the model was already stateless).
+    """
+    names = input_names(model)
+    missing = [n for n in _REQUIRED_INPUTS if n not in names]
+    if missing:
+        raise ModelLayoutError(
+            f"model lacks inputs {missing}; expected a decoder LLM IR "
+            "(optimum-intel export or openvino-genai GGUF conversion)"
+        )
+    if any(n.startswith("past_key_values") for n in names):
+        return False
+    if not model.get_sinks():
+        raise ModelLayoutError(
+            "model has neither KV states (ReadValue/Assign) nor past_key_values inputs: "
+            "not a decoder LLM with a KV cache"
+        )
+    stateful_to_stateless_transformation(model)
+    return True
+
+
+def fix_gqa_broadcast(model: ov.Model) -> int:
+    """Let GQA key/value expansion survive a static reshape.
+
+    The GGUF-converted IR expands KV heads with a bidirectional Broadcast whose target shape is
+    a Concat holding a literal 0 in the sequence slot.  With a dynamic sequence that slips
+    through; with a static one shape inference refuses it (target 0 vs. 1024).  A 1 broadcasts
+    to the same result, so the constant is replaced.
+    """
+    fixed = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Broadcast":
+            continue
+        if node.get_attributes().get("mode") != "bidirectional":
+            continue
+        target = node.input(1).get_source_output().get_node()
+        if target.get_type_name() != "Concat":
+            continue
+        for port in target.inputs():
+            src = port.get_source_output().get_node()
+            if src.get_type_name() != "Constant":
+                continue
+            value = src.get_data()
+            if value.size == 1 and int(value.reshape(-1)[0]) == 0:
+                one = ops.constant(np.ones_like(value))
+                port.replace_source_output(one.output(0))
+                fixed += 1
+    model.validate_nodes_and_infer_types()
+    return fixed
+
+
+def redirect_present_to_new_kv(model: ov.Model, layout: KVLayout) -> int:
+    """Make each present output carry only the new tokens' KV (not past + new).
+
+    The runtime writes those rows straight into their slots of the shared buffer, so the
+    device never has to produce (or the host copy) the whole past again.
+    """
+    changed = 0
+    for port in layout.ports:
+        result = model.outputs[port.output_index].get_node()
+        concat = result.input(0).get_source_output().get_node()
+        if concat.get_type_name() != "Concat" or concat.get_input_size() != 2:
+            raise ModelLayoutError(f"present output of {port.input_name} is not Concat(past, new)")
+        result.input(0).replace_source_output(concat.input(1).get_source_output())
+        changed += 1
+    model.validate_nodes_and_infer_types()
+    return changed
+
+
+def logits_for_last_position(model: ov.Model, layout: KVLayout) -> None:
+    """Compute the LM head for the last position only.
+
+    The runtime lays chunks out so the prompt's last token is always the last row of the last
+    chunk; a [C, vocab] logits tensor would cost C times the LM-head work for nothing.
+    """
+    result = model.outputs[layout.logits_output_index].get_node()
+    head = result.input(0).get_source_output().get_node()
+    while head.get_type_name() == "Convert":
+        head = head.input(0).get_source_output().get_node()
+    if head.get_type_name() != "MatMul":
+        raise ModelLayoutError(f"logits are not produced by a MatMul (got {head.get_type_name()})")
+    hidden = head.input(0).get_source_output()
+    last = ops.slice(
+        hidden,
+        ops.constant(np.array([-1], np.int64)),
+        ops.constant(np.array([np.iinfo(np.int64).max], np.int64)),
+        ops.constant(np.array([1], np.int64)),
+        ops.constant(np.array([1], np.int64)),
+    )
+    head.input(0).replace_source_output(last.output(0))
+    model.validate_nodes_and_infer_types()
+
+
+def set_shapes(
+    model: ov.Model, layout: KVLayout, tokens: int | None, mask_len: int | None,
+    past_len: int | None,
+) -> None:
+    """Reshape to batch 1 with the given token / mask / past lengths (None = dynamic)."""
+
+    def dim(n: int | None) -> ov.Dimension:
+        return ov.Dimension(n) if n is not None else ov.Dimension()
+
+    shapes: dict[str, ov.PartialShape] = {
+        "input_ids": ov.PartialShape([1, dim(tokens)]),
+        "position_ids": ov.PartialShape([1, dim(tokens)]),
+        "attention_mask": ov.PartialShape([1, dim(mask_len)]),
+    }
+    for p in layout.ports:
+        shapes[p.input_name] = ov.PartialShape([1, p.num_heads, dim(past_len), p.head_dim])
+    model.reshape(shapes)
+
+
+def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
+    """Store the KV cache as ``dtype`` (e.g. f16) while attention still computes in f32.
+
+    Past inputs take the new type and are converted right after the Parameter; present
+    outputs are converted right before the Result.  Returns the number of ports changed.
+    """
+    target = getattr(ov.Type, dtype)
+    changed = 0
+    params = {p.get_friendly_name(): p for p in model.get_parameters()}
+    for port in layout.ports:
+        param = next(
+            p for name, p in params.items()
+            if name == port.input_name or port.input_name in p.output(0).get_names()
+        )
+        compute = param.get_element_type()
+        if compute == target:
+            continue
+        consumers = list(param.output(0).get_target_inputs())
+        param.set_element_type(target)
+        param.validate_and_infer_types()
+        upcast = ops.convert(param.output(0), compute)
+        for consumer in consumers:
+            consumer.replace_source_output(upcast.output(0))
+        result = model.outputs[port.output_index].get_node()
+        down = ops.convert(result.input(0).get_source_output(), target)
+        result.input(0).replace_source_output(down.output(0))
+        changed += 1
+    model.validate_nodes_and_infer_types()
+    return changed

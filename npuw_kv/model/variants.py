@@ -1,0 +1,76 @@
+"""Turn a stateful LLM IR into the prefill / generate models the runtime compiles.
+
+``prepare`` applies the shape-independent rewrites once; ``static_pair`` clones the result into
+the two static shapes (what NPUW compiles), ``shared_dynamic`` leaves the sequence dims open
+so one compiled model (one copy of the weights) can run both shapes on a dynamic device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import openvino as ov
+
+from . import transforms as T
+from .layout import KVLayout, ModelLayoutError, discover_layout
+
+
+class ModelLoadError(ValueError):
+    """Model files exist but cannot be read as an OpenVINO IR."""
+
+
+@dataclass(frozen=True)
+class StaticShapes:
+    chunk: int  # C: tokens per prefill chunk
+    max_prompt_len: int  # prefill attention_mask length (multiple of C)
+    total_len: int  # KV capacity: MAX_PROMPT_LEN + MIN_RESPONSE_LEN
+
+    @property
+    def prefill_past(self) -> int:
+        return self.max_prompt_len - self.chunk
+
+    @property
+    def generate_past(self) -> int:
+        return self.total_len - 1
+
+
+def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
+    xml = ir_dir / "openvino_model.xml"
+    try:
+        return core.read_model(str(xml))
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read {xml} as an OpenVINO IR ({exc})") from exc
+
+
+def prepare(model: ov.Model, kv_precision: str = "f32") -> tuple[ov.Model, KVLayout]:
+    """Stateless, GQA-broadcast fix, new-KV-only presents, last-position logits, KV dtype."""
+    T.make_stateless(model)
+    T.fix_gqa_broadcast(model)
+    layout = discover_layout(model)
+    T.redirect_present_to_new_kv(model, layout)
+    T.logits_for_last_position(model, layout)
+    if kv_precision != "f32":
+        T.set_kv_precision(model, layout, kv_precision)
+        layout = layout.with_dtype({"f16": "float16"}[kv_precision])
+    return model, layout
+
+
+def static_pair(model: ov.Model, layout: KVLayout, shapes: StaticShapes) -> tuple[ov.Model, ov.Model]:
+    """Clone into the prefill ``[1, C]`` and generate ``[1, 1]`` static models."""
+    prefill, generate = model.clone(), model.clone()
+    try:
+        T.set_shapes(prefill, layout, shapes.chunk, shapes.max_prompt_len, shapes.prefill_past)
+        T.set_shapes(generate, layout, 1, shapes.total_len, shapes.generate_past)
+    except Exception as exc:
+        raise ModelLayoutError(f"static reshape failed: {exc}") from exc
+    prefill.set_friendly_name("npuw_kv_prefill")
+    generate.set_friendly_name("npuw_kv_generate")
+    return prefill, generate
+
+
+def shared_dynamic(model: ov.Model, layout: KVLayout) -> ov.Model:
+    """Batch 1, sequence dims dynamic: serves both static shapes from one compiled model."""
+    T.set_shapes(model, layout, None, None, None)
+    model.set_friendly_name("npuw_kv_shared")
+    return model

@@ -1,0 +1,188 @@
+"""``LLMPipeline``: text in, text out, shaped like ``openvino_genai.LLMPipeline``.
+
+Tokenizing, detokenizing, streaming text and chat templates come from openvino-genai's
+``Tokenizer`` / ``TextStreamer``; this module adds the generation loop over
+:class:`~npuw_kv.runtime.engine.StaticRunner` and the stopping rules.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+
+from .config import PipelineConfig
+from .model.source import resolve_model
+from .model.variants import StaticShapes, prepare, read_ir
+from .runtime.compile import compile_requests
+from .runtime.engine import StaticRunner
+from .sampling import GenerationConfig, Sampler
+
+Streamer = Callable[[str], Any]
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS / stop string / streamer), "length", "cancelled"
+    prompt_tokens: int
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    first_logits: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def ms_per_token(self) -> float:
+        steps = max(len(self.tokens) - 1, 1)
+        return 1000.0 * self.decode_s / steps
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class LLMPipeline:
+    """Static prefill/generate LLM pipeline on one shared KV cache.
+
+    ``model``: an IR directory, a ``.gguf`` file, or None / "smollm2" for the shipped default.
+    ``config``: :class:`~npuw_kv.config.PipelineConfig` fields or their NPUW names.
+    """
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any) -> None:
+        self.config = PipelineConfig.from_kwargs(device, **config)
+        self.model_dir = resolve_model(model)
+        self.core = ov.Core()
+        prepared, layout = prepare(read_ir(self.core, self.model_dir), self.config.kv_precision)
+        self.layout = layout
+        self.shapes = StaticShapes(
+            self.config.prefill_chunk_size, self.config.max_prompt_len, self.config.total_len
+        )
+        requests = compile_requests(self.core, prepared, layout, self.config, self.shapes)
+        self.runner = StaticRunner(requests, layout, self.shapes, self.config.kv_binding)
+        self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
+        self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
+        self._history: list[dict[str, str]] | None = None
+
+    # -- genai-shaped accessors -------------------------------------------------------------
+    def get_tokenizer(self) -> openvino_genai.Tokenizer:
+        return self.tokenizer
+
+    def get_generation_config(self) -> GenerationConfig:
+        return GenerationConfig.build(self.generation_config)
+
+    def set_generation_config(self, config: GenerationConfig) -> None:
+        self.generation_config = GenerationConfig.build(config)
+
+    # -- chat ---------------------------------------------------------------------------------
+    def start_chat(self, system_message: str = "") -> None:
+        self._history = [{"role": "system", "content": system_message}] if system_message else []
+
+    def finish_chat(self) -> None:
+        self._history = None
+
+    # -- generation ---------------------------------------------------------------------------
+    def encode(self, prompt: str, chat: bool = False) -> np.ndarray:
+        if chat:
+            history = [*(self._history or []), {"role": "user", "content": prompt}]
+            text = self.tokenizer.apply_chat_template(history, add_generation_prompt=True)
+            encoded = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            encoded = self.tokenizer.encode(prompt)
+        return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
+
+    def generate(
+        self,
+        inputs: str | Sequence[int] | np.ndarray | ov.Tensor,
+        generation_config: GenerationConfig | None = None,
+        streamer: Streamer | None = None,
+        **kwargs: Any,
+    ) -> GenerationResult:
+        """Generate a continuation of ``inputs`` (text, or token ids).
+
+        In chat mode (after :meth:`start_chat`) a text input is a user turn: the history goes
+        through the model's chat template and the answer is appended to the history.
+        """
+        config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
+        chat = self._history is not None and isinstance(inputs, str)
+        if isinstance(inputs, str):
+            ids = self.encode(inputs, chat=chat)
+        else:
+            data = inputs.data if isinstance(inputs, ov.Tensor) else inputs
+            ids = np.asarray(data, np.int64).reshape(-1)
+        result = self._generate_ids(ids, config, streamer)
+        if chat and self._history is not None:
+            self._history += [
+                {"role": "user", "content": str(inputs)},
+                {"role": "assistant", "content": result.text},
+            ]
+        return result
+
+    def _generate_ids(
+        self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer | None
+    ) -> GenerationResult:
+        sampler = Sampler(config)
+        text_streamer = openvino_genai.TextStreamer(self.tokenizer, streamer) if streamer else None
+        eos = None if config.ignore_eos else config.eos_token_id
+        start = time.perf_counter()
+        logits = self.runner.prefill(ids)
+        first_logits = logits
+        tokens: list[int] = []
+        finish = "length"
+        ttft = decode_start = time.perf_counter() - start
+        while len(tokens) < config.max_new_tokens:
+            token = sampler(logits)
+            if not tokens:
+                ttft = decode_start = time.perf_counter() - start
+            if token == eos:
+                finish = "stop"
+                break
+            tokens.append(token)
+            if text_streamer is not None:
+                status = text_streamer.write(token)
+                if status in (openvino_genai.StreamingStatus.STOP, openvino_genai.StreamingStatus.CANCEL):
+                    finish = "cancelled" if status == openvino_genai.StreamingStatus.CANCEL else "stop"
+                    break
+            if config.stop_strings and self._hit_stop_string(tokens, config.stop_strings):
+                finish = "stop"
+                break
+            if len(tokens) >= config.max_new_tokens:
+                break
+            if self.runner.remaining_capacity <= 0:
+                finish = "length"
+                break
+            logits = self.runner.step(token)
+        if text_streamer is not None:
+            text_streamer.end()
+        decode_s = time.perf_counter() - start - decode_start
+        text = self.tokenizer.decode(tokens) if tokens else ""
+        for stop in config.stop_strings:
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]
+        return GenerationResult(tokens, text, finish, int(ids.size), ttft, decode_s, first_logits)
+
+    def _hit_stop_string(self, tokens: list[int], stops: set[str]) -> bool:
+        tail = self.tokenizer.decode(tokens[-16:])
+        return any(stop in tail for stop in stops)
+
+    # -- accounting ---------------------------------------------------------------------------
+    def kv_stats(self) -> dict[str, Any]:
+        """KV memory and host-copy accounting of the last request."""
+        runner = self.runner
+        return {
+            "kv_bytes_allocated": runner.cache.bytes_allocated,
+            "kv_capacity_tokens": runner.cache.capacity,
+            "kv_bytes_per_token": runner.cache.bytes_per_token(),
+            "kv_dtype": str(runner.cache.dtype),
+            "tokens_in_cache": runner.tokens_in_cache,
+            "kv_binding": runner.kv_binding,
+            "shared_weights": runner.requests.shared_weights,
+            "host_bytes_copied": runner.copied.bytes,
+            "prefill_host_bytes_copied": runner.prefill_copied_bytes,
+            "switch_host_bytes_copied": runner.switch_copied_bytes,
+        }

@@ -1,0 +1,1 @@
+"""Runtime: compiled requests, the chunk loop and the generate step over the shared KV cache."""

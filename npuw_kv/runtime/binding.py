@@ -1,0 +1,95 @@
+"""Binding one infer request's past inputs and present outputs to the shared KV cache.
+
+``roi`` mode hands the device strided views of the shared buffers: the past input is the view
+``[0, past_len)`` (bound once), each present output the view of the slots being written (rebound
+per step).  Nothing is copied on the host.
+
+``copy`` mode is for devices that refuse strided tensors: the request gets contiguous staging
+tensors; before an inference the rows that changed since the last sync are copied into the past
+staging, after it the present staging is copied into its slots.  Every byte is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+
+from ..kv.cache import SharedKVCache
+from ..kv.copy import CopyCounter, safe_copy
+
+
+@dataclass(frozen=True)
+class BoundPort:
+    name: str  # past input name == cache buffer name
+    output_index: int
+
+
+class KVBinding:
+    def __init__(
+        self,
+        request: ov.InferRequest,
+        ports: list[BoundPort],
+        cache: SharedKVCache,
+        past_len: int,
+        new_tokens: int,
+        mode: str,
+        counter: CopyCounter,
+    ) -> None:
+        if past_len + new_tokens > cache.capacity:
+            raise ValueError(f"past {past_len} + {new_tokens} new exceeds KV capacity {cache.capacity}")
+        self.request = request
+        self.ports = ports
+        self.cache = cache
+        self.past_len = past_len
+        self.new_tokens = new_tokens
+        self.mode = mode
+        self.counter = counter
+        self._synced = 0
+        self._staging_in: dict[str, np.ndarray] = {}
+        self._staging_out: dict[str, np.ndarray] = {}
+        for port in ports:
+            if mode == "roi":
+                request.set_tensor(port.name, cache.view(port.name, 0, past_len))
+            else:
+                spec = cache.specs[port.name]
+                past = np.zeros((1, spec.num_heads, past_len, spec.head_dim), cache.dtype)
+                new = np.zeros((1, spec.num_heads, new_tokens, spec.head_dim), cache.dtype)
+                self._staging_in[port.name] = past
+                self._staging_out[port.name] = new
+                request.set_tensor(port.name, ov.Tensor(past, shared_memory=True))
+                request.set_output_tensor(port.output_index, ov.Tensor(new, shared_memory=True))
+
+    def reset(self) -> None:
+        """Forget what the staging holds (a new prompt rewrites the cache)."""
+        self._synced = 0
+
+    def before(self, write_slots: tuple[int, int], live_end: int) -> None:
+        """Point outputs at ``write_slots``; in copy mode sync past rows ``< live_end``."""
+        start, stop = write_slots
+        if stop - start != self.new_tokens:
+            raise ValueError(f"write of {stop - start} rows into a {self.new_tokens}-row output")
+        if self.mode == "roi":
+            for port in self.ports:
+                self.request.set_output_tensor(port.output_index, self.cache.view(port.name, start, stop))
+            return
+        end = min(live_end, self.past_len)
+        if end > self._synced:
+            for port in self.ports:
+                safe_copy(
+                    self._staging_in[port.name][:, :, self._synced : end, :],
+                    self.cache.rows(port.name, self._synced, end),
+                    self.counter,
+                )
+            self._synced = end
+
+    def after(self, write_slots: tuple[int, int]) -> None:
+        """In copy mode, move the new rows from staging into their slots."""
+        if self.mode == "roi":
+            return
+        start, stop = write_slots
+        for port in self.ports:
+            safe_copy(self.cache.rows(port.name, start, stop), self._staging_out[port.name], self.counter)
+        # rows rewritten below the synced mark must be re-synced next time
+        self._synced = min(self._synced, start)

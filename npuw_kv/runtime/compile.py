@@ -1,0 +1,47 @@
+"""Compile the prepared models for a device and create the infer requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import openvino as ov
+
+from ..config import PipelineConfig
+from ..model.layout import KVLayout
+from ..model.variants import StaticShapes, shared_dynamic, static_pair
+
+
+@dataclass
+class Requests:
+    prefill: ov.InferRequest
+    generate: ov.InferRequest
+    shared_weights: bool  # True when both requests come from one compiled model
+    device_properties: dict[str, Any]
+
+
+def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[str, Any]]:
+    """The plugin name and its properties for ``config.device``."""
+    props: dict[str, Any] = {}
+    if config.device == "NPU":
+        npuw_devices = config.npuw_devices
+        if "NPU" in core.available_devices and npuw_devices == "CPU":
+            npuw_devices = "NPU,CPU"  # a real NPU is present: use it, CPU as fallback
+        props.update({"NPU_USE_NPUW": "YES", "NPUW_DEVICES": npuw_devices})
+    if config.num_threads and config.device == "CPU":
+        props["INFERENCE_NUM_THREADS"] = config.num_threads
+    props.update(config.compile_properties)
+    return config.device, props
+
+
+def compile_requests(
+    core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
+) -> Requests:
+    device, props = device_properties(core, config)
+    if config.use_static_models:
+        prefill_model, generate_model = static_pair(model, layout, shapes)
+        prefill = core.compile_model(prefill_model, device, props).create_infer_request()
+        generate = core.compile_model(generate_model, device, props).create_infer_request()
+        return Requests(prefill, generate, False, props)
+    compiled = core.compile_model(shared_dynamic(model, layout), device, props)
+    return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)

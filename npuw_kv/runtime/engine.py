@@ -1,0 +1,116 @@
+"""The static-shape runner: chunked prefill and single-token generate over one shared KV cache.
+
+It owns the two infer requests, the cache and the slot bookkeeping; it knows token ids and
+logits, not text (that is :mod:`npuw_kv.pipeline`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kv.cache import KVSpec, SharedKVCache
+from ..kv.copy import CopyCounter
+from ..model.layout import KVLayout
+from ..model.variants import StaticShapes
+from .binding import BoundPort, KVBinding
+from .compile import Requests
+from .plan import PromptPlan, StepInputs, generate_inputs, prefill_inputs
+
+
+class CapacityError(ValueError):
+    """A prompt longer than the static prefill shape allows."""
+
+
+class StaticRunner:
+    def __init__(self, requests: Requests, layout: KVLayout, shapes: StaticShapes, kv_binding: str) -> None:
+        self.requests = requests
+        self.layout = layout
+        self.shapes = shapes
+        specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
+        self.cache = SharedKVCache(specs, shapes.total_len, layout.dtype)
+        self.copied = CopyCounter()
+        ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
+        self.prefill_binding = KVBinding(
+            requests.prefill, ports, self.cache, shapes.prefill_past, shapes.chunk, kv_binding, self.copied
+        )
+        self.generate_binding = KVBinding(
+            requests.generate, ports, self.cache, shapes.generate_past, 1, kv_binding, self.copied
+        )
+        self.kv_binding = kv_binding
+        self._first_slot = 0  # first live slot (after front padding)
+        self._next_slot = 0  # where the next token's KV goes
+        self._next_position = 0
+        self.switch_copied_bytes = 0
+        self.prefill_copied_bytes = 0
+        self._at_switch = False
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def tokens_in_cache(self) -> int:
+        return self._next_slot - self._first_slot
+
+    @property
+    def remaining_capacity(self) -> int:
+        """How many more tokens can be generated before the KV cache is full."""
+        return self.shapes.total_len - self._next_slot
+
+    def _infer(self, request, binding: KVBinding, inputs: StepInputs) -> np.ndarray:
+        request.set_tensor("input_ids", _tensor(inputs.input_ids))
+        request.set_tensor("position_ids", _tensor(inputs.position_ids))
+        request.set_tensor("attention_mask", _tensor(inputs.attention_mask))
+        request.infer()
+        binding.after(inputs.write_slots)
+        return request.get_output_tensor(self.layout.logits_output_index).data.reshape(-1)
+
+    # -- phases ------------------------------------------------------------------------------
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
+        """Run the chunk loop over ``ids``; return the logits of the last prompt token."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size > self.shapes.max_prompt_len:
+            raise CapacityError(
+                f"prompt has {ids.size} tokens but MAX_PROMPT_LEN is {self.shapes.max_prompt_len}; "
+                f"raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) to at least {ids.size}"
+            )
+        plan = PromptPlan(int(ids.size), self.shapes.chunk)
+        self.copied.reset()
+        self.prefill_binding.reset()
+        self.generate_binding.reset()
+        logits = np.empty(0, np.float32)
+        for k in range(plan.num_chunks):
+            inputs = prefill_inputs(ids, plan, k, self.shapes.prefill_past)
+            self.prefill_binding.before(inputs.write_slots, inputs.write_slots[0])
+            logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
+        self._first_slot = plan.pad
+        self._next_slot = plan.padded_len
+        self._next_position = plan.num_tokens
+        self.prefill_copied_bytes = self.copied.bytes
+        self.switch_copied_bytes = 0
+        self._at_switch = True
+        return logits.copy()
+
+    def step(self, token: int) -> np.ndarray:
+        """Feed one token, write its KV into the next slot, return the next logits."""
+        if self.remaining_capacity <= 0:
+            raise CapacityError(
+                f"KV cache is full ({self.shapes.total_len} slots); raise min_response_len (MIN_RESPONSE_LEN)"
+            )
+        inputs = generate_inputs(
+            int(token), self._next_slot, self._next_position, self._first_slot, self.shapes.generate_past
+        )
+        before = self.copied.bytes
+        self.generate_binding.before(inputs.write_slots, self._next_slot)
+        if self._at_switch:
+            # roi mode: the generate request already reads the buffer prefill wrote (0 bytes);
+            # copy mode: this is where the prompt's KV is staged for the generate request.
+            self.switch_copied_bytes = self.copied.bytes - before
+            self._at_switch = False
+        logits = self._infer(self.requests.generate, self.generate_binding, inputs)
+        self._next_slot += 1
+        self._next_position += 1
+        return logits.copy()
+
+
+def _tensor(array: np.ndarray):
+    import openvino as ov
+
+    return ov.Tensor(np.ascontiguousarray(array))

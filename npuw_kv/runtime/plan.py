@@ -1,0 +1,88 @@
+"""Where each token's KV lives, and the masks / position ids that say so.
+
+Slot layout.  A prompt of N tokens is padded at the *front* of its first chunk to P = ceil(N/C)*C
+tokens, so every chunk is full and the prompt's last token is the last row of the last chunk
+(the prefill LM head reads only that row).  Token i sits in KV slot ``pad + i``; the pad slots
+are masked out forever.  Chunk k writes slots ``[kC, kC+C)``, generate step t writes slot
+``P + t``.  Front padding (not NPUW's last-chunk padding) keeps pad rows from ever landing on a
+slot that holds real KV, so outputs can be written straight into the shared buffer.
+
+Attention masks follow the stateless graph: ``[past slots..., current tokens...]``.  The past
+part covers slots ``[0, past_len)`` of the buffer; only real, already-written slots are 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    num_tokens: int
+    chunk: int
+
+    def __post_init__(self) -> None:
+        if self.num_tokens < 1:
+            raise ValueError("prompt is empty: at least one token is needed")
+
+    @property
+    def padded_len(self) -> int:
+        return -(-self.num_tokens // self.chunk) * self.chunk
+
+    @property
+    def pad(self) -> int:
+        return self.padded_len - self.num_tokens
+
+    @property
+    def num_chunks(self) -> int:
+        return self.padded_len // self.chunk
+
+    def chunk_slots(self, k: int) -> tuple[int, int]:
+        return k * self.chunk, (k + 1) * self.chunk
+
+
+@dataclass
+class StepInputs:
+    input_ids: np.ndarray  # [1, T] int64
+    position_ids: np.ndarray  # [1, T] int64
+    attention_mask: np.ndarray  # [1, past_len + T] int64
+    write_slots: tuple[int, int]  # where the present rows go
+
+
+def prefill_inputs(ids: np.ndarray, plan: PromptPlan, k: int, past_len: int) -> StepInputs:
+    """Inputs of chunk ``k``; ``past_len`` is the prefill model's past length (static)."""
+    c = plan.chunk
+    start, stop = plan.chunk_slots(k)
+    if start > past_len:
+        raise ValueError(f"chunk {k} starts at slot {start}, beyond past length {past_len}")
+    slots = np.arange(start, stop)
+    positions = slots - plan.pad
+    real = positions >= 0
+    chunk_ids = np.zeros(c, np.int64)
+    chunk_ids[real] = ids[positions[real]]
+    mask = np.zeros(past_len + c, np.int64)
+    mask[plan.pad : start] = 1
+    mask[past_len:] = real
+    return StepInputs(
+        chunk_ids[None, :],
+        np.maximum(positions, 0).astype(np.int64)[None, :],
+        mask[None, :],
+        (start, stop),
+    )
+
+
+def generate_inputs(token: int, slot: int, position: int, first_slot: int, past_len: int) -> StepInputs:
+    """Inputs of one generate step writing ``slot``; slots ``[first_slot, slot)`` are live."""
+    if slot > past_len:
+        raise ValueError(f"slot {slot} beyond generate past length {past_len}")
+    mask = np.zeros(past_len + 1, np.int64)
+    mask[first_slot:slot] = 1
+    mask[-1] = 1
+    return StepInputs(
+        np.array([[token]], np.int64),
+        np.array([[position]], np.int64),
+        mask[None, :],
+        (slot, slot + 1),
+    )

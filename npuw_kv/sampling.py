@@ -1,0 +1,72 @@
+"""Next-token selection from one logits row: greedy, or temperature / top-k / top-p sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class GenerationConfig:
+    """Per-call generation settings, named as in ``openvino_genai.GenerationConfig``."""
+
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    rng_seed: int | None = None
+    stop_strings: set[str] = field(default_factory=set)
+    ignore_eos: bool = False
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.stop_strings = set(self.stop_strings)
+
+    @classmethod
+    def build(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
+        """``base`` updated with ``kwargs``; unknown names are errors."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown generation setting(s) {unknown}; known: {sorted(known)}")
+        values = {f.name: getattr(base, f.name) for f in fields(cls)} if base else {}
+        values.update(kwargs)
+        return cls(**values)
+
+
+class Sampler:
+    """Chooses tokens; holds the random generator so a seed makes a run repeatable."""
+
+    def __init__(self, config: GenerationConfig) -> None:
+        self.config = config
+        self.rng = np.random.default_rng(config.rng_seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        cfg = self.config
+        if not cfg.do_sample:
+            return int(np.argmax(logits))
+        scores = logits.astype(np.float64) / cfg.temperature
+        if cfg.top_k and cfg.top_k < scores.size:
+            kth = np.partition(scores, -cfg.top_k)[-cfg.top_k]
+            scores = np.where(scores < kth, -np.inf, scores)
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        if cfg.top_p < 1.0:
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            keep = order[: int(np.searchsorted(cumulative, cfg.top_p)) + 1]
+            mask = np.zeros_like(probs)
+            mask[keep] = probs[keep]
+            probs = mask / mask.sum()
+        return int(self.rng.choice(probs.size, p=probs))
