@@ -45,3 +45,7 @@ class UnknownSequenceError(BlockManagerError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the message inside quotes
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidTokensError(BlockManagerError, ValueError):
+    """Token ids must be integers."""

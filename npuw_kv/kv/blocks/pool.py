@@ -45,7 +45,9 @@ class BlockPool:
         try:
             pos = g.layers.index(layer)
         except ValueError:
-            raise KeyError(f"layer {layer} is not in window group {g.window} ({g.layers})") from None
+            raise KeyError(
+                f"layer {layer} is not in window group {g.window} ({g.layers})"
+            ) from None
         heads, dim = g.layer_shapes[pos]
         start = g.layer_offsets[pos]
         nbytes = 2 * heads * dim * g.itemsize

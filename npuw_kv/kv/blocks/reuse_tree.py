@@ -39,7 +39,7 @@ class TreeNode:
         self.key = key
         self.parent = parent
         self.depth: int = 0 if parent is None else parent.depth + 1
-        self.block_hash = 0 if parent is None else chain_hash(parent.block_hash, key)
+        self.block_hash: int = 0 if parent is None else chain_hash(parent.block_hash, key)
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.block: KVBlock | None = None
         self.attached = True

@@ -1,0 +1,76 @@
+"""VSWA block KV cache manager: per-window pools, detach, reuse tree, eviction, offload.
+
+Public API::
+
+    cfg = BlockManagerConfig(layers=uniform_layers([512] * 5 + [None], 4, 256),
+                             max_seq_len=32768, kv_budget_bytes=2 << 30,
+                             host_budget_bytes=4 << 30)
+    mgr = KVBlockManager(cfg)
+    reused = mgr.add_sequence("req-1", prompt_ids)   # tokens taken from the cache
+    mgr.add_tokens("req-1", [next_id])
+    mgr.block_table("req-1", 512)                    # primary slots, -1 = detached
+    mgr.remove_sequence("req-1")
+    mgr.stats(); mgr.drain_events(); mgr.check_invariants()
+
+Nothing here imports OpenVINO; storage is numpy.
+"""
+
+from .block import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVBlock, PoolKind
+from .config import (
+    SHARES_ENV,
+    BlockManagerConfig,
+    LayerSpec,
+    WindowGroup,
+    parse_shares,
+    plan_windows,
+    resolve_shares,
+    uniform_layers,
+)
+from .errors import (
+    BlockManagerError,
+    BudgetTooSmallError,
+    ConfigError,
+    InvalidTokensError,
+    OutOfBlocksError,
+    SequenceExistsError,
+    SequenceTooLongError,
+    SharesError,
+    UnknownSequenceError,
+    WindowTooLargeError,
+)
+from .eviction import PriorityRange
+from .manager import KVBlockManager, PrefixHit
+from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
+
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "SHARES_ENV",
+    "BlockManagerConfig",
+    "BlockManagerError",
+    "BudgetTooSmallError",
+    "ConfigError",
+    "InvalidTokensError",
+    "KVBlock",
+    "KVBlockManager",
+    "KVCacheEvent",
+    "LayerSpec",
+    "ManagerStats",
+    "OutOfBlocksError",
+    "PoolKind",
+    "PrefixHit",
+    "PriorityRange",
+    "SequenceExistsError",
+    "SequenceTooLongError",
+    "SharesError",
+    "UnknownSequenceError",
+    "WindowCounters",
+    "WindowGroup",
+    "WindowStats",
+    "WindowTooLargeError",
+    "parse_shares",
+    "plan_windows",
+    "resolve_shares",
+    "uniform_layers",
+]

@@ -1,0 +1,133 @@
+"""Whole-state consistency checks (``KVBlockManager.check_invariants``).
+
+Cheap local checks sit where state changes (refcounts, queue membership); this module checks
+the global picture after an operation, for tests and for debugging a live engine. Each failure
+raises ``AssertionError`` with a message that names the window, the block and the rule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from .block import EMPTY_LEVEL, KVBlock, PoolKind
+from .reuse_tree import chain_hash
+from .sequence import blocks_for
+
+if TYPE_CHECKING:
+    from .manager import KVBlockManager
+    from .window_manager import WindowManager
+
+
+def _fail(wm: WindowManager, msg: str) -> None:
+    raise AssertionError(f"window {wm.window}: {msg}")
+
+
+def check_window(wm: WindowManager, live: dict[int, int]) -> None:
+    """Check one window group; ``live`` maps live serials to their token counts."""
+    if set(wm.seqs) != set(live):
+        _fail(wm, f"sequence serials {sorted(wm.seqs)} != live {sorted(live)}")
+    for pool in (wm.primary, wm.host):
+        members = [b for b in wm.blocks if b.pool is pool.kind]
+        if sorted(b.slot for b in members) != list(range(pool.num_slots)):
+            _fail(wm, f"{pool.kind.value} slots are not a permutation of 0..{pool.num_slots - 1}")
+        queued = list(pool.queue.blocks())
+        if len(queued) != len(pool.queue) or len({id(b) for b in queued}) != len(queued):
+            _fail(wm, f"{pool.kind.value} queue size disagrees with its contents")
+        for b in queued:
+            if b.pool is not pool.kind or b not in pool.queue:
+                _fail(wm, f"{b} queued in the {pool.kind.value} queue but lives elsewhere")
+        used = sum(1 for b in members if b.ref_count > 0)
+        if len(queued) + used != pool.num_slots:
+            _fail(
+                wm,
+                f"{pool.kind.value}: free {len(queued)} + used {used} != total {pool.num_slots}",
+            )
+
+    # refcounts equal the number of live table slots holding the block
+    holders: Counter[int] = Counter()
+    for serial, seq in wm.seqs.items():
+        n = live[serial]
+        if len(seq.table) != blocks_for(n, wm.tpb):
+            _fail(wm, f"serial {serial}: {len(seq.table)} table slots for {n} tokens")
+        if len(seq.table) > wm.group.max_blocks_per_seq:
+            _fail(wm, f"serial {serial}: table longer than max_blocks_per_seq")
+        expected_detached = max(0, (n - wm.window) // wm.tpb)
+        if seq.first_live < expected_detached or seq.first_live > len(seq.table):
+            _fail(wm, f"serial {serial}: first_live {seq.first_live} wrong for {n} tokens")
+        for b in seq.live():
+            holders[b.block_id] += 1
+            if b.pool is not PoolKind.PRIMARY:
+                _fail(wm, f"serial {serial} holds {b} which is not in the primary pool")
+    for b in wm.blocks:
+        if b.ref_count < 0:
+            _fail(wm, f"negative refcount on {b}")
+        if b.ref_count != holders[b.block_id]:
+            _fail(wm, f"{b} refcount != {holders[b.block_id]} live holders")
+        if (b.ref_count == 0) != (b.queue_level is not None):
+            _fail(wm, f"{b}: a block is free iff its refcount is 0 (both free and owned?)")
+        if wm.group.is_swa and b.ref_count > 1:
+            _fail(wm, f"live SWA block shared by {b.ref_count} sequences: {b}")
+        if b.queue_level == EMPTY_LEVEL and b.node is not None:
+            _fail(wm, f"cached {b} sits at the worthless (empty) queue level")
+    _check_tree(wm)
+
+
+def _check_tree(wm: WindowManager) -> None:
+    tree = wm.tree
+    if tree is None:
+        if any(b.node is not None for b in wm.blocks):
+            _fail(wm, "reuse is off but a block is cached")
+        return
+    cached = 0
+    for node in tree.nodes():
+        parent = node.parent
+        if parent is None or parent.children.get(node.key) is not node or not node.attached:
+            _fail(wm, f"{node} is not linked from its parent")
+        assert parent is not None
+        if node.block_hash != chain_hash(parent.block_hash, node.key):
+            _fail(wm, f"{node} hash is not chained with its parent")
+        if len(node.key) != wm.tpb:
+            _fail(wm, f"{node} holds a partial block")
+        block = node.block
+        if block is None:
+            if not wm.group.is_swa:
+                _fail(wm, f"hollow node in a full-attention tree: {node}")
+            if not node.children:
+                _fail(wm, f"hollow leaf left in the tree: {node}")
+            continue
+        cached += 1
+        if block.node is not node:
+            _fail(wm, f"tree points at {block} whose node is elsewhere (freed block?)")
+    if cached != tree.cached_blocks:
+        _fail(wm, f"tree holds {cached} blocks but counts {tree.cached_blocks}")
+    for b in wm.blocks:
+        at = b.node
+        if at is not None and (not at.attached or at.block is not b):
+            _fail(wm, f"{b} believes it is cached but the tree does not hold it")
+    c = wm.counters
+    if c.stored_blocks - c.removed_blocks != cached:
+        _fail(wm, f"stored {c.stored_blocks} - removed {c.removed_blocks} != cached {cached}")
+
+
+def check_manager(mgr: KVBlockManager) -> None:
+    live = mgr.live_serials()
+    if len(live) != len(mgr.sequence_ids):
+        raise AssertionError("two live sequences share a serial")
+    for wm in mgr.windows.values():
+        check_window(wm, live)
+    st = mgr.stats()
+    if st.hit_tokens + st.miss_tokens != st.prompt_tokens or st.miss_tokens < 0:
+        raise AssertionError(
+            f"hit {st.hit_tokens} + miss {st.miss_tokens} != prompt tokens {st.prompt_tokens}"
+        )
+    if st.sequences_added - st.sequences_removed != st.live_sequences:
+        raise AssertionError("added - removed sequences != live sequences")
+    for w, ws in st.windows.items():
+        if ws.primary_free + ws.primary_used != ws.primary_total:
+            raise AssertionError(f"window {w}: primary free + used != total")
+        if ws.primary_bytes != ws.primary_total * ws.bytes_per_token * ws.tokens_per_block:
+            raise AssertionError(f"window {w}: primary bytes disagree with block count")
+
+
+__all__ = ["KVBlock", "check_manager", "check_window"]

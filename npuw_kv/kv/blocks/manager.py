@@ -1,0 +1,290 @@
+"""The public block manager: one ``WindowManager`` per attention window behind one API.
+
+A sequence lives in every window group at once. ``add_sequence`` looks the prompt up in every
+group's reuse tree, takes the longest hit every group can serve, checks that every group has
+the blocks it needs, and only then changes state; so an error leaves the manager untouched.
+
+Choices where issue 4 is silent:
+
+- A hit is a whole number of blocks and leaves at least one prompt token to compute (the model
+  needs one position to produce logits), so at most ``len(prompt) - 1`` tokens, rounded down.
+- The sequence's hit is the longest hit *every* window can serve. That is the minimum of the
+  per-window hits when each window's usable hits form a prefix (full attention), and stays
+  correct when an SWA window can serve a long hit but not a shorter one (hollow tree nodes).
+- Sequence ids are any hashable values; internally each sequence gets a fresh serial, so an id
+  reused after ``remove_sequence`` never inherits the old sequence's ownership marks.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .block import PoolKind
+from .config import BlockManagerConfig, WindowGroup, plan_windows
+from .errors import (
+    InvalidTokensError,
+    OutOfBlocksError,
+    SequenceExistsError,
+    SequenceTooLongError,
+    UnknownSequenceError,
+)
+from .eviction import PriorityRange, PrioritySpec
+from .invariants import check_manager
+from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
+from .window_manager import WindowManager, WindowMatch
+
+_REMEMBER_REMOVED = 4096
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """Result of a prefix lookup, in tokens."""
+
+    hit_tokens: int
+    per_window: dict[int, int]
+
+
+@dataclass
+class _Sequence:
+    seq_id: Hashable
+    serial: int
+    tokens: list[int]
+    priorities: PrioritySpec
+
+
+class KVBlockManager:
+    """KV cache block manager for variable sliding-window attention (VSWA)."""
+
+    def __init__(
+        self,
+        config: BlockManagerConfig,
+        *,
+        env: Mapping[str, str] | None = None,
+        max_events: int = 10_000,
+    ) -> None:
+        self.config = config
+        self.groups: dict[int, WindowGroup] = {g.window: g for g in plan_windows(config, env)}
+        self._events: deque[KVCacheEvent] = deque(maxlen=max_events)
+        self._events_dropped = 0
+        self.windows: dict[int, WindowManager] = {
+            w: WindowManager(
+                g,
+                enable_reuse=config.enable_reuse,
+                default_priority=config.default_priority,
+                offload_min_priority=config.offload_min_priority,
+                sink=self._on_event,
+            )
+            for w, g in self.groups.items()
+        }
+        self.tpb = config.tokens_per_block
+        self._seqs: dict[Hashable, _Sequence] = {}
+        self._removed: OrderedDict[Hashable, None] = OrderedDict()
+        self._next_serial = 0
+        self.sequences_added = 0
+        self.sequences_removed = 0
+        self.prompt_tokens = 0
+        self.hit_tokens = 0
+        self.lookups = 0
+
+    # ---- lookups -------------------------------------------------------------------------
+    def lookup(self, tokens: Iterable[int]) -> PrefixHit:
+        """How much of ``tokens`` ``add_sequence`` would take from the cache (no state change)."""
+        ids = _as_tokens(tokens)
+        self.lookups += 1
+        k, matches = self._match(ids)
+        per_window = {w: m.best() * self.tpb for w, m in matches.items()}
+        return PrefixHit(k * self.tpb, per_window)
+
+    find_prefix = lookup
+
+    def _match(self, tokens: Sequence[int]) -> tuple[int, dict[int, WindowMatch]]:
+        max_blocks = max(0, (len(tokens) - 1) // self.tpb)
+        matches = {w: wm.match(tokens, max_blocks) for w, wm in self.windows.items()}
+        depth = min(len(m.valid) - 1 for m in matches.values())
+        k = max(i for i in range(depth + 1) if all(m.valid[i] for m in matches.values()))
+        return k, matches
+
+    # ---- sequence lifecycle --------------------------------------------------------------
+    def add_sequence(
+        self,
+        seq_id: Hashable,
+        tokens: Iterable[int],
+        priority: int | Sequence[PriorityRange] | None = None,
+    ) -> int:
+        """Start a sequence with its prompt; return the number of prompt tokens reused."""
+        if seq_id in self._seqs:
+            raise SequenceExistsError(
+                f"sequence {seq_id!r} is already live; remove it first or use another id"
+            )
+        ids = _as_tokens(tokens)
+        self._check_length(seq_id, 0, len(ids))
+        prio = PrioritySpec(priority, self.config.default_priority, self.tpb)
+        k, matches = self._match(ids)
+        self._check_capacity(
+            seq_id, {w: wm.cost_of_add(matches[w], k, len(ids)) for w, wm in self.windows.items()}
+        )
+        serial = self._next_serial
+        self._next_serial += 1
+        for w, wm in self.windows.items():
+            wm.add(serial, ids, matches[w], k, prio)
+        self._seqs[seq_id] = _Sequence(seq_id, serial, ids, prio)
+        self._removed.pop(seq_id, None)
+        self.sequences_added += 1
+        self.prompt_tokens += len(ids)
+        self.hit_tokens += k * self.tpb
+        return k * self.tpb
+
+    def add_tokens(self, seq_id: Hashable, tokens: Iterable[int]) -> None:
+        """Append generated (or further prompt) tokens to a live sequence."""
+        seq = self._get(seq_id)
+        new = _as_tokens(tokens)
+        n_old = len(seq.tokens)
+        self._check_length(seq_id, n_old, n_old + len(new))
+        self._check_capacity(
+            seq_id,
+            {
+                w: wm.cost_of_extend(seq.serial, n_old, n_old + len(new))
+                for w, wm in self.windows.items()
+            },
+        )
+        seq.tokens.extend(new)
+        for wm in self.windows.values():
+            wm.extend(seq.serial, seq.tokens, n_old)
+
+    extend = add_tokens
+
+    def add_token(self, seq_id: Hashable, token: int) -> None:
+        self.add_tokens(seq_id, (token,))
+
+    def remove_sequence(self, seq_id: Hashable) -> None:
+        """End a sequence: SWA groups store its blocks for reuse, all blocks are released."""
+        seq = self._get(seq_id)
+        for wm in self.windows.values():
+            wm.remove(seq.serial, seq.tokens)
+        del self._seqs[seq_id]
+        self._removed[seq_id] = None
+        if len(self._removed) > _REMEMBER_REMOVED:
+            self._removed.popitem(last=False)
+        self.sequences_removed += 1
+
+    # ---- data access ---------------------------------------------------------------------
+    def block_table(self, seq_id: Hashable, window: int) -> list[int]:
+        """Primary slots of the sequence's blocks in ``window``; -1 marks detached slots."""
+        return self._window(window).block_table(self._get(seq_id).serial)
+
+    def storage(self, window: int, pool: str = "primary") -> np.ndarray:
+        """The numpy store ``[slots, tokens_per_block, bytes_per_token]`` of one pool part."""
+        return self._window(window).pools[PoolKind(pool)].store
+
+    def layer_view(self, window: int, slot: int, layer: int) -> np.ndarray:
+        """Typed K/V view ``[tpb, 2, kv_heads, head_dim]`` of ``layer`` in a primary slot."""
+        return self._window(window).primary.layer_view(slot, layer)
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        return len(self._get(seq_id).tokens)
+
+    @property
+    def sequence_ids(self) -> list[Hashable]:
+        return list(self._seqs)
+
+    # ---- stats, events, invariants -------------------------------------------------------
+    def stats(self) -> ManagerStats:
+        windows = {}
+        for w, wm in self.windows.items():
+            g = wm.group
+            windows[w] = WindowStats(
+                window_size=w,
+                is_swa=g.is_swa,
+                num_layers=len(g.layers),
+                bytes_per_token=g.bytes_per_token,
+                tokens_per_block=g.tokens_per_block,
+                primary_total=wm.primary.num_slots,
+                primary_free=wm.primary.free_count(),
+                host_total=wm.host.num_slots,
+                host_free=wm.host.free_count(),
+                cached_blocks=wm.tree.cached_blocks if wm.tree is not None else 0,
+                primary_bytes=wm.primary.nbytes,
+                host_bytes=wm.host.nbytes,
+                counters=_copy_counters(wm),
+            )
+        return ManagerStats(
+            windows=windows,
+            live_sequences=len(self._seqs),
+            sequences_added=self.sequences_added,
+            sequences_removed=self.sequences_removed,
+            prompt_tokens=self.prompt_tokens,
+            hit_tokens=self.hit_tokens,
+            miss_tokens=self.prompt_tokens - self.hit_tokens,
+            lookups=self.lookups,
+            events_dropped=self._events_dropped,
+        )
+
+    def drain_events(self) -> list[KVCacheEvent]:
+        """Return and forget the buffered stored/removed events (oldest first)."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant."""
+        check_manager(self)
+
+    def live_serials(self) -> dict[int, int]:
+        """serial -> token count of every live sequence (for invariant checks)."""
+        return {s.serial: len(s.tokens) for s in self._seqs.values()}
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _on_event(self, event: KVCacheEvent) -> None:
+        if len(self._events) == self._events.maxlen:
+            self._events_dropped += 1
+        self._events.append(event)
+
+    def _get(self, seq_id: Hashable) -> _Sequence:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            if seq_id in self._removed:
+                raise UnknownSequenceError(
+                    f"sequence {seq_id!r} was removed; add it again with add_sequence"
+                )
+            raise UnknownSequenceError(f"unknown sequence {seq_id!r}; call add_sequence first")
+        return seq
+
+    def _window(self, window: int) -> WindowManager:
+        wm = self.windows.get(window)
+        if wm is None:
+            raise KeyError(f"no window group {window}; window sizes are {sorted(self.windows)}")
+        return wm
+
+    def _check_length(self, seq_id: Hashable, n_old: int, n_new: int) -> None:
+        limit = self.config.max_seq_len
+        if n_new > limit:
+            raise SequenceTooLongError(
+                f"sequence {seq_id!r} would hold {n_new} tokens (has {n_old}) but max_seq_len "
+                f"is {limit}; shorten the input or raise max_seq_len"
+            )
+
+    def _check_capacity(self, seq_id: Hashable, costs: dict[int, int]) -> None:
+        for w, cost in costs.items():
+            avail = self.windows[w].available()
+            if cost > avail:
+                raise OutOfBlocksError(
+                    f"window {w} needs {cost} free primary blocks for sequence {seq_id!r} but "
+                    f"only {avail} are reclaimable ({len(self._seqs)} live sequences hold the "
+                    "rest); remove a sequence or raise kv_budget_bytes"
+                )
+
+
+def _copy_counters(wm: WindowManager) -> WindowCounters:
+    return replace(wm.counters)
+
+
+def _as_tokens(tokens: Iterable[int]) -> list[int]:
+    try:
+        return [operator.index(t) for t in tokens]
+    except TypeError:
+        raise InvalidTokensError("token ids must be integers (int or numpy integer)") from None

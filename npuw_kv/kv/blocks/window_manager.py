@@ -1,0 +1,310 @@
+"""Blocks of one window group: allocation, linear writing, detach, reuse, offload, onboard.
+
+Choices where issue 4 is silent:
+
+- Free blocks: worthless blocks first; then the lowest priority level, least recently released
+  first. A victim that is cached (or a detached SWA block its live sequence may still store) is
+  offloaded to the host pool if its priority is >= ``offload_min_priority`` and the host pool has
+  a reclaimable block; the bytes move, the block keeps its place in the tree.
+- A prefix hit onboards host blocks back to the primary pool before the sequence uses them.
+- SWA blocks are never shared by two live sequences. On a hit, a cached SWA block nobody holds
+  is claimed (no copy); one that another live sequence holds is *copied* into a fresh private
+  block (a memcpy is far cheaper than recomputing the tokens). The tree keeps the original.
+- An SWA hit claims only the trailing ``ceil((window-1)/tpb)`` blocks before the hit point; the
+  blocks before them are never read, so their slots start out detached.
+- The owner of a block (``last_owner``) is invalidated when the block is handed out again, by
+  any sequence including the owner itself: its bytes are overwritten, so the owner's chain can
+  no longer be stored whole. Claiming a cached block does not invalidate (bytes intact).
+- Full-attention groups store each block as it fills; if two sequences compute the same block,
+  the first one stored stays cached and the other stays private.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .block import EMPTY_LEVEL, KVBlock, PoolKind
+from .config import WindowGroup
+from .eviction import PrioritySpec
+from .pool import BlockPool, copy_bytes, move_bytes
+from .reuse_tree import ReuseTree, TreeNode
+from .sequence import (
+    SeqBlocks,
+    blocks_for,
+    detached_after,
+    peak_live,
+    required_trailing_blocks,
+)
+from .stats import KVCacheEvent, WindowCounters
+
+
+@dataclass
+class WindowMatch:
+    """Tree path for a prompt and which hit lengths (in blocks) this window can serve."""
+
+    path: list[TreeNode]
+    valid: list[bool]  # valid[k]: a hit of k blocks works for this window
+
+    def best(self) -> int:
+        return max(k for k, ok in enumerate(self.valid) if ok)
+
+
+class WindowManager:
+    """Primary + host pools, reuse tree and sequence tables of one attention window."""
+
+    def __init__(
+        self,
+        group: WindowGroup,
+        *,
+        enable_reuse: bool,
+        default_priority: int,
+        offload_min_priority: int,
+        sink: Callable[[KVCacheEvent], None],
+    ) -> None:
+        self.group = group
+        self.window = group.window
+        self.tpb = group.tokens_per_block
+        self.default_priority = default_priority
+        self.offload_min_priority = offload_min_priority
+        self.primary = BlockPool(PoolKind.PRIMARY, group, group.primary_blocks)
+        self.host = BlockPool(PoolKind.HOST, group, group.host_blocks)
+        self.pools = {PoolKind.PRIMARY: self.primary, PoolKind.HOST: self.host}
+        self.blocks: list[KVBlock] = []
+        for pool in (self.primary, self.host):
+            for slot in range(pool.num_slots):
+                block = KVBlock(len(self.blocks), pool.kind, slot, priority=default_priority)
+                self.blocks.append(block)
+                pool.queue.push(block, EMPTY_LEVEL)
+        self.tree = (
+            ReuseTree(self.tpb, cut_on_evict=not group.is_swa, sink=self._on_tree_event)
+            if enable_reuse
+            else None
+        )
+        self.seqs: dict[int, SeqBlocks] = {}
+        self.counters = WindowCounters()
+        self._sink = sink
+        self._trailing = required_trailing_blocks(group.window, self.tpb)
+
+    # ---- queries -------------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], max_blocks: int) -> WindowMatch:
+        """Which hit lengths this window could serve for ``tokens`` (no state change)."""
+        if self.tree is None:
+            return WindowMatch([], [True])
+        path = self.tree.walk(tokens, max_blocks)
+        valid, run = [True], 0
+        for depth, node in enumerate(path, start=1):
+            run = run + 1 if node.block is not None else 0
+            valid.append(run >= min(self._trailing, depth))
+        return WindowMatch(path, valid)
+
+    def first_live_for_hit(self, k: int) -> int:
+        return max(0, k - self._trailing)
+
+    def cost_of_add(self, match: WindowMatch, k: int, n_tokens: int) -> int:
+        """Reclaimable primary blocks ``add`` would consume (checked before any change)."""
+        fl = self.first_live_for_hit(k)
+        cost = 0
+        for node in match.path[fl:k]:
+            b = node.block
+            assert b is not None
+            if b.pool is PoolKind.HOST or b.ref_count == 0 or self.group.is_swa:
+                cost += 1
+        peak = peak_live(k * self.tpb, n_tokens, self.window, self.tpb, fl)
+        return cost + max(0, peak - (k - fl))
+
+    def cost_of_extend(self, serial: int, n_old: int, n_new: int) -> int:
+        seq = self.seqs[serial]
+        peak = peak_live(n_old, n_new, self.window, self.tpb, seq.first_live)
+        return max(0, peak - (len(seq.table) - seq.first_live))
+
+    def available(self) -> int:
+        return self.primary.free_count()
+
+    def block_table(self, serial: int) -> list[int]:
+        """Primary slots of the sequence's blocks; -1 for detached (never read) slots."""
+        seq = self.seqs[serial]
+        return [-1] * seq.first_live + [b.slot for b in seq.live()]
+
+    # ---- state changes -------------------------------------------------------------------
+    def add(
+        self,
+        serial: int,
+        tokens: Sequence[int],
+        match: WindowMatch,
+        k: int,
+        priorities: PrioritySpec,
+    ) -> None:
+        """Start a sequence: claim the hit's blocks (pin first, then onboard/copy), write rest."""
+        fl = self.first_live_for_hit(k)
+        seq = SeqBlocks(serial, priorities, table=[None] * k, first_live=fl)
+        self.seqs[serial] = seq
+        plan: list[tuple[int, KVBlock, str]] = []
+        for j in range(fl, k):
+            b = match.path[j].block
+            assert b is not None
+            if b.queue_level is not None:  # pin so no allocation below can take it
+                self.pools[b.pool].queue.remove(b)
+                plan.append((j, b, "onboard" if b.pool is PoolKind.HOST else "claim"))
+            elif self.group.is_swa:
+                plan.append((j, b, "copy"))
+            else:
+                b.ref_count += 1  # shared full-attention block, pinned by its refcount
+                plan.append((j, b, "share"))
+        for j, b, action in plan:
+            if action == "copy":
+                fresh = self._take_free_primary(serial)
+                copy_bytes(b, fresh, self.pools)
+                fresh.ref_count = 1
+                fresh.priority = priorities.for_block(j)
+                seq.table[j] = fresh
+                self.counters.copied_blocks += 1
+                continue
+            if action == "onboard":
+                empty = self._take_free_primary(serial)
+                move_bytes(b, empty, self.pools)
+                self.host.queue.push(empty, EMPTY_LEVEL)
+                self.counters.onboards += 1
+            if action != "share":
+                b.ref_count = 1
+            b.last_owner = serial
+            b.priority = priorities.for_block(j)
+            seq.table[j] = b
+            self.counters.reused_blocks += 1
+        if k and not self.group.is_swa:
+            seq.stored_depth, seq.stored_node = k, match.path[k - 1]
+        self._grow(seq, tokens, k * self.tpb, len(tokens))
+
+    def extend(self, serial: int, tokens: Sequence[int], n_old: int) -> None:
+        """Append ``tokens[n_old:]`` (``tokens`` is the whole sequence)."""
+        self._grow(self.seqs[serial], tokens, n_old, len(tokens))
+
+    def remove(self, serial: int, tokens: Sequence[int]) -> None:
+        """End a sequence: store its chain (SWA, if intact), release its blocks."""
+        seq = self.seqs[serial]
+        swa = self.group.is_swa
+        if self.tree is not None and swa and seq.storable:
+            self._store_chain(seq, tokens, self.tree.root, 0, len(tokens) // self.tpb)
+        for idx in range(seq.first_live, len(seq.table)):
+            block = seq.table[idx]
+            assert block is not None
+            self._release(seq, block, idx, final=True)
+        if self.tree is not None and swa:
+            for b in seq.table[: seq.first_live]:  # detached, kept for storing, now worthless
+                if (
+                    b is not None
+                    and b.last_owner == serial
+                    and b.node is None
+                    and b.queue_level not in (None, EMPTY_LEVEL)
+                ):
+                    self.pools[b.pool].queue.requeue(b, EMPTY_LEVEL)
+        del self.seqs[serial]
+
+    # ---- internals -----------------------------------------------------------------------
+    def _grow(self, seq: SeqBlocks, tokens: Sequence[int], n_from: int, n_to: int) -> None:
+        for idx in range(len(seq.table), blocks_for(n_to, self.tpb)):
+            self._detach_upto(seq, idx * self.tpb + 1)  # detach first: frees before allocating
+            block = self._take_free_primary(seq.serial)
+            block.ref_count = 1
+            block.priority = seq.priorities.for_block(idx)
+            seq.table.append(block)
+            self.counters.allocated_blocks += 1
+        self._detach_upto(seq, n_to)
+        if self.tree is not None and not self.group.is_swa:
+            self._store_full(seq, tokens, n_to // self.tpb)
+
+    def _detach_upto(self, seq: SeqBlocks, n_tokens: int) -> None:
+        target = detached_after(n_tokens, self.window, self.tpb, seq.first_live)
+        while seq.first_live < target:
+            idx = seq.first_live
+            block = seq.table[idx]
+            assert block is not None
+            seq.first_live += 1
+            self._release(seq, block, idx, final=False)
+            self.counters.detached_blocks += 1
+
+    def _release(self, seq: SeqBlocks, block: KVBlock, idx: int, *, final: bool) -> None:
+        block.ref_count -= 1
+        if block.ref_count < 0:
+            raise RuntimeError(f"refcount below zero on {block} (window {self.window})")
+        if block.ref_count:
+            return
+        block.priority = seq.priorities.for_block(idx)
+        keep = block.node is not None or (
+            not final
+            and self.tree is not None
+            and self.group.is_swa
+            and seq.storable
+            and block.last_owner == seq.serial
+        )
+        self.pools[block.pool].queue.push(block, block.priority if keep else EMPTY_LEVEL)
+
+    def _take_free_primary(self, serial: int) -> KVBlock:
+        """``get_free_block``: reclaim a primary block, offloading the victim if worth it."""
+        level = self.primary.queue.peek_level()
+        victim = self.primary.queue.pop_victim()
+        if (
+            level is not None
+            and level != EMPTY_LEVEL
+            and victim.priority >= self.offload_min_priority
+            and self.host.free_count() > 0
+        ):
+            empty = self.host.queue.pop_victim()
+            self._reset(empty)
+            move_bytes(victim, empty, self.pools)
+            self.host.queue.push(victim, level)
+            self.counters.offloads += 1
+            victim = empty
+        else:
+            self._reset(victim)
+        victim.last_owner = serial
+        return victim
+
+    def _reset(self, block: KVBlock) -> None:
+        """Forget what ``block`` held: drop it from the tree, invalidate its last owner."""
+        if block.node is not None:
+            assert self.tree is not None
+            for lost in self.tree.evict(block):
+                if lost.queue_level is not None and lost.queue_level != EMPTY_LEVEL:
+                    self.pools[lost.pool].queue.requeue(lost, EMPTY_LEVEL)
+        owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
+        if owner is not None and owner.storable and self.group.is_swa:
+            owner.storable = False
+            self.counters.invalidated_sequences += 1
+        block.last_owner = None
+        block.priority = self.default_priority
+
+    def _store_full(self, seq: SeqBlocks, tokens: Sequence[int], upto: int) -> None:
+        if seq.stored_depth >= upto:
+            return
+        assert self.tree is not None
+        node = seq.stored_node
+        if node is None or not node.attached:  # our chain was cut: walk again from the root
+            self._store_chain(seq, tokens, self.tree.root, 0, upto)
+        else:
+            self._store_chain(seq, tokens, node, seq.stored_depth, upto)
+
+    def _store_chain(
+        self, seq: SeqBlocks, tokens: Sequence[int], node: TreeNode, depth: int, upto: int
+    ) -> None:
+        """Cache blocks ``depth..upto-1`` of ``seq`` below ``node`` where the tree has none."""
+        assert self.tree is not None
+        for j in range(depth, upto):
+            node = self.tree.get_or_create(node, self.tree.key_at(tokens, j))
+            b = seq.table[j]
+            if (
+                node.block is None
+                and b is not None
+                and b.node is None
+                and (b.last_owner == seq.serial or j >= seq.first_live)
+            ):
+                self.tree.attach(node, b)
+        seq.stored_depth, seq.stored_node = upto, node
+        self.tree.prune(node)
+
+    def _on_tree_event(self, kind: str, block_hash: int, parent_hash: int, n: int) -> None:
+        if kind == "stored":
+            self.counters.stored_blocks += 1
+        else:
+            self.counters.removed_blocks += 1
+        self._sink(KVCacheEvent(kind, self.window, block_hash, parent_hash, n))
