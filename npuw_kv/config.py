@@ -30,6 +30,13 @@ _ALIASES: dict[str, str] = {
     "NUM_THREADS": "num_threads",
     "INFERENCE_NUM_THREADS": "num_threads",
 }
+# OpenVINO properties passed through to compile_model unchanged (the plugin validates values).
+_PASSTHROUGH = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "CACHE_DIR")
+_PASSTHROUGH_PREFIXES = ("NPUW_", "NPU_")
+
+EXACT_F32 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+"""CPU properties for an exact f32 run (the CPU plugin otherwise may use bf16 compute and
+int8 dynamic quantization of activations for compressed weights)."""
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -119,12 +126,20 @@ class PipelineConfig:
         """Build from our field names or NPUW/genai property names; unknown keys are errors."""
         known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {"device": device}
+        passthrough: dict[str, Any] = dict(kwargs.pop("compile_properties", None) or {})
         for key, value in kwargs.items():
-            name = key if key in known else _ALIASES.get(key.upper(), key.lower())
+            upper = key.upper()
+            if upper not in _ALIASES and (
+                upper in _PASSTHROUGH or upper.startswith(_PASSTHROUGH_PREFIXES)
+            ):
+                passthrough[upper] = value
+                continue
+            name = key if key in known else _ALIASES.get(upper, key.lower())
             if name not in known or name == "device":
                 raise ValueError(
                     f"unknown setting {key!r}; known: {sorted(known - {'device'})} "
-                    f"or {sorted(_ALIASES)}"
+                    f", their NPUW names {sorted(_ALIASES)}, or OpenVINO properties "
+                    f"{list(_PASSTHROUGH)} / NPUW_*"
                 )
             values[name] = value
         for name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
@@ -136,7 +151,7 @@ class PipelineConfig:
             values["kv_precision"] = str(values["kv_precision"]).lower()
         if "kv_binding" in values:
             values["kv_binding"] = str(values["kv_binding"]).lower()
-        return cls(**values)
+        return cls(**values, compile_properties=passthrough)
 
     def with_updates(self, **kwargs: Any) -> PipelineConfig:
         return replace(self, **kwargs)

@@ -51,6 +51,8 @@ class SharedKVCache:
         """ROI tensor over token slots ``[start, stop)`` of one buffer (shares its memory)."""
         if not 0 <= start < stop <= self.capacity:
             raise IndexError(f"KV slots [{start}, {stop}) outside capacity {self.capacity}")
+        if start == 0 and stop == self.capacity:
+            return self._parents[name]  # the whole buffer: contiguous, no ROI needed
         spec = self.specs[name]
         return ov.Tensor(
             self._parents[name],

@@ -37,8 +37,8 @@ class KVBinding:
         mode: str,
         counter: CopyCounter,
     ) -> None:
-        if past_len + new_tokens > cache.capacity:
-            raise ValueError(f"past {past_len} + {new_tokens} new exceeds KV capacity {cache.capacity}")
+        if past_len > cache.capacity:
+            raise ValueError(f"past length {past_len} exceeds KV capacity {cache.capacity}")
         self.request = request
         self.ports = ports
         self.cache = cache
@@ -49,6 +49,7 @@ class KVBinding:
         self._synced = 0
         self._staging_in: dict[str, np.ndarray] = {}
         self._staging_out: dict[str, np.ndarray] = {}
+        self._scratch: dict[str, ov.Tensor] = {}
         for port in ports:
             if mode == "roi":
                 request.set_tensor(port.name, cache.view(port.name, 0, past_len))
@@ -72,7 +73,7 @@ class KVBinding:
             raise ValueError(f"write of {stop - start} rows into a {self.new_tokens}-row output")
         if self.mode == "roi":
             for port in self.ports:
-                self.request.set_output_tensor(port.output_index, self.cache.view(port.name, start, stop))
+                self.request.set_output_tensor(port.output_index, self._output_view(port.name, start, stop))
             return
         end = min(live_end, self.past_len)
         if end > self._synced:
@@ -84,11 +85,21 @@ class KVBinding:
                 )
             self._synced = end
 
+    def _output_view(self, name: str, start: int, stop: int) -> ov.Tensor:
+        if stop <= self.cache.capacity:
+            return self.cache.view(name, start, stop)
+        # The very last step's KV is never read again (the cache is then full): discard it.
+        if name not in self._scratch:
+            spec = self.cache.specs[name]
+            shape = (1, spec.num_heads, self.new_tokens, spec.head_dim)
+            self._scratch[name] = ov.Tensor(np.zeros(shape, self.cache.dtype))
+        return self._scratch[name]
+
     def after(self, write_slots: tuple[int, int]) -> None:
         """In copy mode, move the new rows from staging into their slots."""
-        if self.mode == "roi":
-            return
         start, stop = write_slots
+        if self.mode == "roi" or stop > self.cache.capacity:
+            return
         for port in self.ports:
             safe_copy(self.cache.rows(port.name, start, stop), self._staging_out[port.name], self.counter)
         # rows rewritten below the synced mark must be re-synced next time

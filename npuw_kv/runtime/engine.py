@@ -27,7 +27,9 @@ class StaticRunner:
         self.layout = layout
         self.shapes = shapes
         specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
-        self.cache = SharedKVCache(specs, shapes.total_len, layout.dtype)
+        # TOTAL-1 slots: the generate past input is then the whole buffer (contiguous); the KV of
+        # the TOTAL-th token is never read, so the last step writes it to a scratch tensor.
+        self.cache = SharedKVCache(specs, shapes.generate_past, layout.dtype)
         self.copied = CopyCounter()
         ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
         self.prefill_binding = KVBinding(

@@ -15,7 +15,8 @@ Choices where issue 4 is silent (a user of a real inference engine would expect 
 - Pool size = ``floor(budget * share / (bytes_per_token * tokens_per_block))`` blocks, per part.
 - ``max_tokens`` caps a single-window pool at ``ceil(max_tokens / tpb)`` blocks; with several
   windows it is ignored with a warning (shares and budget decide, as in TensorRT-LLM).
-- A window whose pool cannot hold one ``max_seq_len`` sequence is rejected at construction with
+- A window whose pool cannot hold one ``max_seq_len`` sequence (grown a token at a time, so an
+  SWA window needs only about ``(window + tpb) / tpb`` blocks) is rejected at construction with
   the bytes needed.
 """
 
@@ -32,7 +33,7 @@ import numpy as np
 from .block import DEFAULT_PRIORITY
 from .errors import BudgetTooSmallError, ConfigError, SharesError, WindowTooLargeError
 from .eviction import check_priority
-from .sequence import blocks_for, peak_live
+from .sequence import blocks_for, min_live_blocks
 
 SHARES_ENV = "NPUW_KV_WINDOW_SIZE_SHARES"
 
@@ -210,7 +211,7 @@ def plan_windows(
             primary = min(primary, cap)
         host = int(cfg.host_budget_bytes * share) // block_bytes
         is_swa = w < cfg.max_seq_len
-        needed = peak_live(0, cfg.max_seq_len, w, tpb, 0)
+        needed = min_live_blocks(cfg.max_seq_len, w, tpb)
         if primary < needed:
             total = math.ceil(needed * block_bytes / share) if share > 0 else None
             need_txt = f"{total} bytes of kv_budget_bytes" if total else "a share above 0"

@@ -52,9 +52,8 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
             _fail(wm, f"serial {serial}: {len(seq.table)} table slots for {n} tokens")
         if len(seq.table) > wm.group.max_blocks_per_seq:
             _fail(wm, f"serial {serial}: table longer than max_blocks_per_seq")
-        expected_detached = max(0, (n - wm.window) // wm.tpb)
-        if seq.first_live < expected_detached or seq.first_live > len(seq.table):
-            _fail(wm, f"serial {serial}: first_live {seq.first_live} wrong for {n} tokens")
+        if seq.first_live * wm.tpb > max(0, n - wm.window) or seq.first_live > len(seq.table):
+            _fail(wm, f"serial {serial}: detached {seq.first_live} blocks, in window of {n} tokens")
         for b in seq.live():
             holders[b.block_id] += 1
             if b.pool is not PoolKind.PRIMARY:

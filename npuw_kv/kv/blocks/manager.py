@@ -275,7 +275,8 @@ class KVBlockManager:
                 raise OutOfBlocksError(
                     f"window {w} needs {cost} free primary blocks for sequence {seq_id!r} but "
                     f"only {avail} are reclaimable ({len(self._seqs)} live sequences hold the "
-                    "rest); remove a sequence or raise kv_budget_bytes"
+                    "rest); remove a sequence, raise kv_budget_bytes, or add a long prompt in "
+                    "chunks (SWA windows then hold only window + chunk tokens)"
                 )
 
 

@@ -5,9 +5,15 @@ Blocks are written linearly, never as a ring: block ``i`` of the table holds tok
 ``num_tokens - detached*tpb >= window + tpb``; detached slots stay in the table (so the sequence
 can still store them for reuse when it ends) but the sequence never reads them again.
 
-Detaching happens *before* a new block is allocated for the same token, so the number of live
-blocks a sequence needs is ``ceil(n/tpb) - max(d0, (n - window)//tpb)`` and never exceeds
-``ceil((window + tpb - 1)/tpb)``.
+One call may add many tokens (a prefill chunk). The attention of the chunk's *first* token
+still reads the ``window - 1`` tokens before it, so a call detaches only what that first token can
+no longer see: the rule is evaluated at ``n_old + 1`` tokens, before the call's new blocks are
+allocated (so freed blocks are available to it). The rest of the detaching happens on the next
+call. For one token per call (decoding) this is exactly the rule above, token by token. A prompt
+added in one call therefore holds all its blocks until the next call: add long prompts in chunks
+(``add_sequence(id, prompt[:hit + C])`` then ``add_tokens`` per chunk, with
+``hit = lookup(prompt).hit_tokens``) and an SWA window holds about ``(window + C) / tpb + 1``
+blocks at a time.
 """
 
 from __future__ import annotations
@@ -32,20 +38,22 @@ def detached_after(n_tokens: int, window: int, tpb: int, detached: int) -> int:
     return max(detached, (n_tokens - window) // tpb)
 
 
-def live_after(n_tokens: int, window: int, tpb: int, detached: int) -> int:
-    return blocks_for(n_tokens, tpb) - detached_after(n_tokens, window, tpb, detached)
+def live_after_call(n_from: int, n_to: int, window: int, tpb: int, detached: int) -> int:
+    """Live blocks after one call grows a sequence from ``n_from`` to ``n_to`` tokens."""
+    if n_to <= n_from:
+        return blocks_for(n_from, tpb) - detached
+    return blocks_for(n_to, tpb) - detached_after(n_from + 1, window, tpb, detached)
 
 
-def peak_live(n_from: int, n_to: int, window: int, tpb: int, detached: int) -> int:
-    """Most live blocks held at once while growing from ``n_from`` to ``n_to`` tokens.
+def min_live_blocks(max_seq_len: int, window: int, tpb: int) -> int:
+    """Fewest primary blocks that let one sequence reach ``max_seq_len`` (one token a call).
 
     Live count only rises when a new block starts, so checking block starts is enough.
     """
-    peak = live_after(n_from, window, tpb, detached)
-    first_new = blocks_for(n_from, tpb)
-    for k in range(first_new, blocks_for(n_to, tpb)):
+    peak = 0
+    for k in range(blocks_for(max_seq_len, tpb)):
         n = k * tpb + 1
-        peak = max(peak, live_after(n, window, tpb, detached))
+        peak = max(peak, blocks_for(n, tpb) - detached_after(n, window, tpb, 0))
     return peak
 
 

@@ -33,7 +33,7 @@ from .sequence import (
     SeqBlocks,
     blocks_for,
     detached_after,
-    peak_live,
+    live_after_call,
     required_trailing_blocks,
 )
 from .stats import KVCacheEvent, WindowCounters
@@ -110,13 +110,13 @@ class WindowManager:
             assert b is not None
             if b.pool is PoolKind.HOST or b.ref_count == 0 or self.group.is_swa:
                 cost += 1
-        peak = peak_live(k * self.tpb, n_tokens, self.window, self.tpb, fl)
-        return cost + max(0, peak - (k - fl))
+        live = live_after_call(k * self.tpb, n_tokens, self.window, self.tpb, fl)
+        return cost + max(0, live - (k - fl))
 
     def cost_of_extend(self, serial: int, n_old: int, n_new: int) -> int:
         seq = self.seqs[serial]
-        peak = peak_live(n_old, n_new, self.window, self.tpb, seq.first_live)
-        return max(0, peak - (len(seq.table) - seq.first_live))
+        live = live_after_call(n_old, n_new, self.window, self.tpb, seq.first_live)
+        return max(0, live - (len(seq.table) - seq.first_live))
 
     def available(self) -> int:
         return self.primary.free_count()
@@ -202,14 +202,16 @@ class WindowManager:
 
     # ---- internals -----------------------------------------------------------------------
     def _grow(self, seq: SeqBlocks, tokens: Sequence[int], n_from: int, n_to: int) -> None:
+        if n_to <= n_from:
+            return
+        # what the call's first token cannot see; detached before allocating, so reusable
+        self._detach_upto(seq, n_from + 1)
         for idx in range(len(seq.table), blocks_for(n_to, self.tpb)):
-            self._detach_upto(seq, idx * self.tpb + 1)  # detach first: frees before allocating
             block = self._take_free_primary(seq.serial)
             block.ref_count = 1
             block.priority = seq.priorities.for_block(idx)
             seq.table.append(block)
             self.counters.allocated_blocks += 1
-        self._detach_upto(seq, n_to)
         if self.tree is not None and not self.group.is_swa:
             self._store_full(seq, tokens, n_to // self.tpb)
 
