@@ -5,7 +5,9 @@ Choices where issue 4 is silent:
 - Free blocks: worthless blocks first; then the lowest priority level, least recently released
   first. A victim that is cached (or a detached SWA block its live sequence may still store) is
   offloaded to the host pool if its priority is >= ``offload_min_priority`` and the host pool has
-  a reclaimable block; the bytes move, the block keeps its place in the tree.
+  room: a reclaimable host block whose level is not above the victim's (an empty host block, or
+  a cached one evicted from the host by the same priority/LRU rule). The bytes move, the block
+  keeps its place in the tree.
 - A prefix hit onboards host blocks back to the primary pool before the sequence uses them.
 - SWA blocks are never shared by two live sequences. On a hit, a cached SWA block nobody holds
   is claimed (no copy); one that another live sequence holds is *copied* into a fresh private
@@ -245,22 +247,35 @@ class WindowManager:
         """``get_free_block``: reclaim a primary block, offloading the victim if worth it."""
         level = self.primary.queue.peek_level()
         victim = self.primary.queue.pop_victim()
+        host_level = self.host.queue.peek_level()
         if (
             level is not None
             and level != EMPTY_LEVEL
             and victim.priority >= self.offload_min_priority
-            and self.host.free_count() > 0
+            and host_level is not None
+            and host_level <= level  # room: never drop a more valuable host block for it
         ):
             empty = self.host.queue.pop_victim()
-            self._reset(empty)
-            move_bytes(victim, empty, self.pools)
-            self.host.queue.push(victim, level)
-            self.counters.offloads += 1
-            victim = empty
+            self._reset(empty)  # may cut the victim from the tree or invalidate its owner
+            if self._worth_keeping(victim):
+                move_bytes(victim, empty, self.pools)
+                self.host.queue.push(victim, level)
+                self.counters.offloads += 1
+                victim = empty
+            else:
+                self.host.queue.push(empty, EMPTY_LEVEL)
+                self._reset(victim)
         else:
             self._reset(victim)
         victim.last_owner = serial
         return victim
+
+    def _worth_keeping(self, block: KVBlock) -> bool:
+        """Cached, or a detached SWA block its live owner may still store."""
+        if block.node is not None:
+            return True
+        owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
+        return owner is not None and owner.storable and self.tree is not None
 
     def _reset(self, block: KVBlock) -> None:
         """Forget what ``block`` held: drop it from the tree, invalidate its last owner."""

@@ -1,0 +1,73 @@
+"""Linear writing and out-of-window detach."""
+
+from __future__ import annotations
+
+from conftest import build
+
+from npuw_kv.kv.blocks import PoolKind
+
+
+def test_detach_at_exact_token_counts() -> None:
+    # window 8, 4 tokens per block: detach while n - detached*4 >= 8 + 4
+    mgr = build([8, None], [6, 20], max_seq_len=40, tpb=4)
+    mgr.add_sequence("s", [1])
+    seen = {}
+    for n in range(2, 41):
+        mgr.add_tokens("s", [n])
+        table = mgr.block_table("s", 8)
+        assert len(table) == -(-n // 4)  # linear: one slot per block of the sequence
+        seen[n] = table.count(-1)
+        full = mgr.block_table("s", 40)
+        assert -1 not in full  # full attention never detaches
+        mgr.check_invariants()
+    expected = {n: max(0, (n - 8) // 4) for n in seen}
+    assert seen == expected
+    # the first detach happens exactly at 12 = window + tpb tokens, the next at 16
+    assert seen[11] == 0 and seen[12] == 1 and seen[15] == 1 and seen[16] == 2
+    # detached slots stay detached: never handed back to the sequence
+    assert mgr.block_table("s", 8)[: seen[40]] == [-1] * seen[40]
+    assert mgr.groups[8].max_blocks_per_seq == 40 // 4 + 1
+
+
+def test_detached_block_refcount_drops_and_is_reclaimable() -> None:
+    mgr = build([4, None], [4, 16], max_seq_len=16, tpb=2)
+    wm = mgr.windows[4]
+    mgr.add_sequence("a", [1, 2, 3, 4, 5])
+    first = wm.seqs[0].table[0]
+    assert first is not None and first.ref_count == 1
+    free_before = wm.primary.free_count()
+    mgr.add_tokens("a", [6])  # 6 - 0 >= 4 + 2: block 0 detaches
+    assert mgr.block_table("a", 4)[0] == -1
+    assert first.ref_count == 0 and first in wm.primary.queue
+    assert wm.primary.free_count() == free_before + 1  # token 6 fits in block 2: no allocation
+    mgr.add_tokens("a", [7])  # needs block 3: allocation may take the detached one
+    mgr.check_invariants()
+    assert mgr.stats().windows[4].counters.detached_blocks == 1
+
+
+def test_a_multi_token_call_keeps_what_its_first_token_reads() -> None:
+    mgr = build([4, None], [12, 16], max_seq_len=24, tpb=2)
+    mgr.add_sequence("p", list(range(20)))  # a 20-token prompt in one call
+    # the prompt's first computed token (position 0) reads nothing before it, but the runtime
+    # still has to write every row: nothing of this call is detached yet
+    assert mgr.block_table("p", 4).count(-1) == 0
+    mgr.add_tokens("p", [99])  # next call: catch up to (21 - 4) // 2 = 8 detached
+    assert mgr.block_table("p", 4).count(-1) == 8
+    mgr.add_tokens("p", [1, 2, 3])  # evaluated at its first token: 22 -> 9
+    assert mgr.block_table("p", 4).count(-1) == 9
+    mgr.check_invariants()
+
+
+def test_detached_block_offloaded_to_host_when_reclaimed() -> None:
+    mgr = build([4, None], [4, 16], max_seq_len=16, tpb=2, host=[2, 8])
+    wm = mgr.windows[4]
+    mgr.add_sequence("a", [1])
+    for t in range(2, 9):
+        mgr.add_tokens("a", [t])  # 8 tokens: 2 detached, 2 live, pool of 4 all used
+    detached = [b for b in wm.seqs[0].table[:2] if b is not None]
+    assert all(b.ref_count == 0 for b in detached)
+    mgr.add_sequence("b", [50, 51])  # needs one block: victim is a's oldest detached block
+    assert wm.counters.offloads == 1
+    assert detached[0].pool is PoolKind.HOST  # offloaded, bytes kept, a stays storable
+    assert wm.seqs[0].storable
+    mgr.check_invariants()

@@ -1,0 +1,55 @@
+"""Stats and events: hits, misses, hit rate, free blocks, bytes, offloads, stored/removed."""
+
+from __future__ import annotations
+
+from conftest import build
+
+
+def test_hits_misses_rate_free_blocks_and_bytes() -> None:
+    mgr = build([4, None], [6, 12], max_seq_len=16, tpb=2, host=[2, 4])
+    st = mgr.stats()
+    assert st.windows[4].primary_free == 6 and st.windows[16].primary_free == 12
+    assert st.windows[4].host_free == 2 and st.windows[16].host_free == 4
+    assert st.bytes_allocated == (6 + 12 + 2 + 4) * 2 * 4  # blocks * tpb * bytes/token
+    assert st.hit_rate == 0.0
+    mgr.add_sequence("a", [1, 2, 3, 4, 5])
+    mgr.remove_sequence("a")
+    assert mgr.add_sequence("b", [1, 2, 3, 4, 5, 6]) == 4
+    st = mgr.stats()
+    assert st.prompt_tokens == 11 and st.hit_tokens == 4 and st.miss_tokens == 7
+    assert st.hit_rate == 4 / 11
+    w16 = st.windows[16]
+    assert w16.primary_used == 3 and w16.primary_free == 9 and w16.bytes_in_use == 3 * 2 * 4
+    assert w16.counters.reused_blocks == 2 and w16.counters.allocated_blocks == 3 + 1
+    assert st.live_sequences == 1 and st.sequences_added == 2 and st.sequences_removed == 1
+    mgr.check_invariants()
+
+
+def test_stored_and_removed_events_carry_window_size() -> None:
+    mgr = build([4, None], [4, 8], max_seq_len=8, tpb=2)
+    mgr.add_sequence("a", [1, 2, 3, 4, 5])
+    events = mgr.drain_events()
+    assert [(e.kind, e.window_size) for e in events] == [("stored", 8), ("stored", 8)]
+    assert events[1].parent_hash == events[0].block_hash and events[0].num_tokens == 2
+    mgr.remove_sequence("a")
+    events = mgr.drain_events()
+    assert [(e.kind, e.window_size) for e in events] == [("stored", 4), ("stored", 4)]
+    assert mgr.drain_events() == []
+    # 7 tokens in one call hold 4 SWA blocks: the SWA pool (4) must evict a's two cached
+    # blocks; the full pool (8) still has empty blocks, so its cache stays
+    mgr.add_sequence("x", [9, 9, 9, 9, 9, 9, 9])
+    removed = [(e.kind, e.window_size) for e in mgr.drain_events() if e.kind == "removed"]
+    assert removed == [("removed", 4)] * 2
+    st = mgr.stats()
+    for ws in st.windows.values():
+        c = ws.counters
+        assert c.stored_blocks - c.removed_blocks == ws.cached_blocks
+
+
+def test_event_buffer_is_bounded_but_counters_are_not() -> None:
+    mgr = build([None], [8], max_seq_len=16, tpb=2)
+    mgr._events = type(mgr._events)(maxlen=3)  # small buffer for the test
+    mgr.add_sequence("a", list(range(15)))
+    st = mgr.stats()
+    assert st.events_dropped == 4 and len(mgr.drain_events()) == 3
+    assert st.windows[16].counters.stored_blocks == 7
