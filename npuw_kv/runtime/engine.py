@@ -32,8 +32,14 @@ class StaticRunner:
         self.cache = SharedKVCache(specs, shapes.generate_past, layout.dtype)
         self.copied = CopyCounter()
         ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
+        # One compiled model serving both shapes (CPU) runs both requests on one internal graph;
+        # the CPU plugin then stages a strided input through the input memory the *other*
+        # request bound zero-copy, i.e. our own buffer (an A->A copy that scrambles it).  So in
+        # that mode the prefill reads the whole, contiguous buffer too; static models (separate
+        # graphs) read the strided view [0, MAX_PROMPT_LEN - C).
+        self.prefill_past = shapes.generate_past if requests.shared_weights else shapes.prefill_past
         self.prefill_binding = KVBinding(
-            requests.prefill, ports, self.cache, shapes.prefill_past, shapes.chunk, kv_binding, self.copied
+            requests.prefill, ports, self.cache, self.prefill_past, shapes.chunk, kv_binding, self.copied
         )
         self.generate_binding = KVBinding(
             requests.generate, ports, self.cache, shapes.generate_past, 1, kv_binding, self.copied
@@ -79,7 +85,7 @@ class StaticRunner:
         self.generate_binding.reset()
         logits = np.empty(0, np.float32)
         for k in range(plan.num_chunks):
-            inputs = prefill_inputs(ids, plan, k, self.shapes.prefill_past)
+            inputs = prefill_inputs(ids, plan, k, self.prefill_past)
             self.prefill_binding.before(inputs.write_slots, inputs.write_slots[0])
             logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
         self._first_slot = plan.pad

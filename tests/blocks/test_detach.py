@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import build
+from blocks_helpers import build
 
 from npuw_kv.kv.blocks import PoolKind
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import build
+from blocks_helpers import build
 
 from npuw_kv.kv.blocks import (
     BlockManagerConfig,

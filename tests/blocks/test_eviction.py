@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import build, fill_rows, rows
+from blocks_helpers import build, fill_rows, rows
 
 from npuw_kv.kv.blocks import (
     BlockManagerConfig,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import build
+from blocks_helpers import build
 
 
 def test_hits_misses_rate_free_blocks_and_bytes() -> None:

@@ -1,11 +1,10 @@
-"""Shared builders for the block-manager tests."""
+"""Shared builders for the block-manager tests (a plain module: ``conftest`` names clash)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import numpy as np
-import pytest
 
 from npuw_kv.kv.blocks import BlockManagerConfig, KVBlockManager, LayerSpec
 
@@ -64,8 +63,3 @@ def rows(mgr: KVBlockManager, seq_id: object, window: int, start: int, stop: int
     return np.stack(
         [store[table[p // g.tokens_per_block], p % g.tokens_per_block] for p in range(start, stop)]
     )
-
-
-@pytest.fixture
-def no_shares_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NPUW_KV_WINDOW_SIZE_SHARES", raising=False)

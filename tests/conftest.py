@@ -1,0 +1,101 @@
+"""Shared fixtures: the real SmolLM2 model and exact f32 references.
+
+Nothing here skips: if the model package or OpenVINO is missing, the fixtures fail loudly.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+import pytest
+
+from npuw_kv.config import EXACT_F32
+from npuw_kv.model.source import resolve_model
+from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.prompts import prompt_ids
+
+CHUNK = 256
+MAX_PROMPT = 1024
+MIN_RESPONSE = 64
+
+
+@pytest.fixture(scope="session")
+def smol_dir() -> Path:
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smol_dir: Path) -> openvino_genai.Tokenizer:
+    return openvino_genai.Tokenizer(str(smol_dir))
+
+
+@pytest.fixture(scope="session")
+def text_ids(smol_tokenizer):
+    """``text_ids(n)``: the first n ids of the stdlib-docstring text."""
+    return lambda n: prompt_ids(smol_tokenizer, n)
+
+
+@pytest.fixture(scope="session")
+def genai_reference(smol_dir: Path):
+    """Greedy tokens from openvino-genai's CPU pipeline with f32 KV and exact f32 compute."""
+    pipe = openvino_genai.LLMPipeline(str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
+
+    @lru_cache(maxsize=None)
+    def run(ids: tuple[int, ...], new_tokens: int) -> list[int]:
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = new_tokens
+        config.ignore_eos = True
+        result = pipe.generate(ov.Tensor(np.array([ids], np.int64)), config)
+        return [int(t) for t in result.tokens[0]]
+
+    return lambda ids, n: run(tuple(int(i) for i in ids), n)
+
+
+@pytest.fixture(scope="session")
+def reference_logits(smol_dir: Path):
+    """Logits of the last prompt position from the original stateful IR, exact f32."""
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(str(smol_dir / "openvino_model.xml")),
+        "CPU",
+        {**EXACT_F32, "KV_CACHE_PRECISION": "f32"},
+    )
+    request = compiled.create_infer_request()
+
+    def run(ids: np.ndarray) -> np.ndarray:
+        request.reset_state()
+        n = len(ids)
+        request.infer(
+            {
+                "input_ids": np.asarray(ids, np.int64)[None],
+                "attention_mask": np.ones((1, n), np.int64),
+                "position_ids": np.arange(n, dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, np.int32),
+            }
+        )
+        return request.get_tensor("logits").data[0, -1].copy()
+
+    return run
+
+
+_PIPES: dict[tuple, LLMPipeline] = {}
+
+
+def make_pipe(smol_dir: Path, device: str, **extra) -> LLMPipeline:
+    """One pipeline per configuration for the whole session (compiling costs seconds)."""
+    key = (device, tuple(sorted(extra.items())))
+    if key not in _PIPES:
+        _PIPES[key] = LLMPipeline(
+            smol_dir, device, prefill_chunk_size=CHUNK, max_prompt_len=MAX_PROMPT,
+            min_response_len=MIN_RESPONSE, **EXACT_F32, **extra,
+        )
+    return _PIPES[key]
+
+
+@pytest.fixture(scope="session", params=["CPU", "NPU"])
+def smol_pipe(request, smol_dir: Path) -> LLMPipeline:
+    return make_pipe(smol_dir, request.param)
