@@ -68,7 +68,7 @@ def test_sequence_whose_block_was_reclaimed_is_not_stored() -> None:
     control = _swa_tight()
     _grow_token_by_token(control, "a", [1, 2, 3, 4, 5, 6, 7, 8])
     control.remove_sequence("a")
-    assert control.windows[4].tree.cached_blocks == 4
+    assert control.stats().windows[4].cached_blocks == 4
 
     mgr = _swa_tight()
     _grow_token_by_token(mgr, "a", [1, 2, 3, 4, 5, 6, 7, 8])  # 2 detached + 2 live = pool full
@@ -77,7 +77,7 @@ def test_sequence_whose_block_was_reclaimed_is_not_stored() -> None:
     assert not wm.seqs[0].storable and wm.counters.invalidated_sequences == 1
     mgr.drain_events()
     mgr.remove_sequence("a")
-    assert wm.tree.cached_blocks == 0
+    assert mgr.stats().windows[4].cached_blocks == 0
     assert not [e for e in mgr.drain_events() if e.window_size == 4]
     # the full-attention window still stored a's blocks as they filled
     hit = mgr.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9])
@@ -94,6 +94,7 @@ def test_swa_hit_needs_only_trailing_blocks_and_sequence_hit_is_min() -> None:
     mgr.add_sequence("c", [70, 71, 72, 73])
     mgr.remove_sequence("c")
     tree = mgr.windows[4].tree
+    assert tree is not None
     path = tree.walk(a, 4)
     assert [n.block is not None for n in path] == [False, False, True, True]  # hollow front
     # hit at 8 tokens needs blocks 2 and 3 only: usable; at 4 tokens it needs 0 and 1: not
