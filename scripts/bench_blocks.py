@@ -186,6 +186,8 @@ def bench_chat(quick: bool) -> None:
         ("VSWA, 256 MiB, shares 0.3,0.7", gemma3_like(), 256 * MiB, 0, [0.3, 0.7]),
         ("all full, 256 MiB", gemma3_like(window=None), 256 * MiB, 0, None),
         ("all full, 256 MiB + 256 MiB host", gemma3_like(window=None), 256 * MiB, 256 * MiB, None),
+        ("VSWA, 2 GiB (~unbounded cache)", gemma3_like(), 2 * GiB, 0, None),
+        ("all full, 2 GiB (~unbounded cache)", gemma3_like(window=None), 2 * GiB, 0, None),
     ]
     for name, layers, budget, host, shares in configs:
         mgr = manager(layers, max_seq_len=8192, budget=budget, host=host, shares=shares)
