@@ -71,3 +71,21 @@ def test_detached_block_offloaded_to_host_when_reclaimed() -> None:
     assert detached[0].pool is PoolKind.HOST  # offloaded, bytes kept, a stays storable
     assert wm.seqs[0].storable
     mgr.check_invariants()
+
+
+def test_long_prompt_added_in_chunks_holds_window_plus_chunk() -> None:
+    # SWA-8, tpb 2, prompt of 60 tokens added as lookup + chunks of 6 (the runtime protocol)
+    mgr = build([8, None], [12, 40], max_seq_len=64, tpb=2)
+    prompt = list(range(60))
+    hit = mgr.lookup(prompt).hit_tokens
+    assert mgr.add_sequence("p", prompt[: hit + 6]) == hit == 0
+    peak = 0
+    for start in range(6, 60, 6):
+        mgr.add_tokens("p", prompt[start : start + 6])
+        peak = max(peak, mgr.stats().windows[8].primary_used)
+        table = mgr.block_table("p", 8)
+        # the chunk's first token still sees its 7 predecessors: all of them are live
+        first = start
+        assert all(table[p // 2] >= 0 for p in range(max(0, first - 7), start + 6))
+    assert peak <= -(-(8 + 6) // 2) + 1  # (window + chunk) / tpb, plus one partial block
+    mgr.check_invariants()

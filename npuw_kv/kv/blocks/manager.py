@@ -13,6 +13,11 @@ Choices where issue 4 is silent:
   correct when an SWA window can serve a long hit but not a shorter one (hollow tree nodes).
 - Sequence ids are any hashable values; internally each sequence gets a fresh serial, so an id
   reused after ``remove_sequence`` never inherits the old sequence's ownership marks.
+- The runtime writes K/V rows itself: after each call, ``block_table`` gives the primary slot of
+  every live block (``-1`` for detached ones) and ``layer_view``/``storage`` give the bytes.
+  Long prompts go in chunks (``lookup``, then ``add_sequence(id, prompt[:hit + C])``, then
+  ``add_tokens`` per chunk) so SWA windows hold about ``window + C`` tokens, not the prompt.
+- Not thread-safe: one engine loop owns the manager (as in the reference schedulers).
 """
 
 from __future__ import annotations
