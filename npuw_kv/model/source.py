@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2"
@@ -46,15 +47,15 @@ def default_gguf() -> Path:
     return path
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
+def _gguf_cache_dir(gguf: Path, root: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return cache_root() / f"{gguf.stem}-{key.hexdigest()[:12]}"
+    return root / f"{gguf.stem}-{key.hexdigest()[:12]}"
 
 
-def convert_gguf(gguf: Path, log=print) -> Path:
+def convert_gguf(gguf: Path, cache_dir: Path | None = None, log: Callable[..., None] = print) -> Path:
     """Convert ``gguf`` with openvino-genai into the cache (once) and return the IR dir."""
-    target = _gguf_cache_dir(gguf)
+    target = _gguf_cache_dir(gguf, cache_dir or cache_root())
     if all((target / f).is_file() for f in IR_FILES + TOKENIZER_FILES):
         return target
     import openvino_genai
@@ -80,13 +81,17 @@ def convert_gguf(gguf: Path, log=print) -> Path:
     return target
 
 
-def resolve_model(model: str | os.PathLike[str] | None, log=print) -> Path:
+def resolve_model(
+    model: str | os.PathLike[str] | None,
+    cache_dir: Path | None = None,
+    log: Callable[..., None] = print,
+) -> Path:
     """Return a directory with the IR and tokenizer IRs for ``model``."""
     if model is None or str(model).lower() == DEFAULT_MODEL:
-        return convert_gguf(default_gguf(), log=log)
+        return convert_gguf(default_gguf(), cache_dir, log)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return convert_gguf(path, log=log)
+        return convert_gguf(path, cache_dir, log)
     if path.is_file() and path.name == "openvino_model.xml":
         path = path.parent
     if not path.exists():

@@ -1,0 +1,54 @@
+"""Settings: NPUW aliases, rounding, validation messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from npuw_kv.config import PipelineConfig
+
+
+def test_npuw_names_set_the_same_fields():
+    cfg = PipelineConfig.from_kwargs(
+        "npu", NPUW_LLM_MAX_PROMPT_LEN=2048, NPUW_LLM_MIN_RESPONSE_LEN=64,
+        NPUW_LLM_PREFILL_CHUNK_SIZE="512",
+    )
+    assert (cfg.device, cfg.max_prompt_len, cfg.min_response_len, cfg.prefill_chunk_size) == (
+        "NPU", 2048, 64, 512,
+    )
+    short = PipelineConfig.from_kwargs("CPU", MAX_PROMPT_LEN=300, MIN_RESPONSE_LEN=10)
+    assert short.max_prompt_len == 512  # rounded up to a multiple of the chunk (256)
+    assert short.total_len == 522
+
+
+def test_device_choice_of_static_models():
+    assert not PipelineConfig(device="CPU").use_static_models
+    assert PipelineConfig(device="NPU").use_static_models
+    assert PipelineConfig.from_kwargs("CPU", STATIC_MODELS="YES").use_static_models
+
+
+def test_openvino_properties_pass_through():
+    cfg = PipelineConfig.from_kwargs("NPU", INFERENCE_PRECISION_HINT="f32", NPUW_FOLD="NO")
+    assert cfg.compile_properties == {"INFERENCE_PRECISION_HINT": "f32", "NPUW_FOLD": "NO"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"prefill_chunk_size": 0}, "NPUW_LLM_PREFILL_CHUNK_SIZE"),
+        ({"NPUW_LLM_PREFILL_CHUNK_SIZE": -4}, "must be > 0"),
+        ({"MIN_RESPONSE_LEN": 0}, "MIN_RESPONSE_LEN"),
+        ({"max_prompt_len": "many"}, "expected an integer"),
+        ({"kv_precision": "int3"}, "kv_precision"),
+        ({"kv_binding": "mmap"}, "kv_binding"),
+        ({"static_models": "maybe"}, "YES/NO"),
+        ({"max_promt_len": 5}, "unknown setting 'max_promt_len'"),
+    ],
+)
+def test_invalid_settings_name_the_knob(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig.from_kwargs("CPU", **kwargs)
+
+
+def test_unknown_device():
+    with pytest.raises(ValueError, match="unknown device 'GPU9'"):
+        PipelineConfig.from_kwargs("GPU9")

@@ -1,0 +1,85 @@
+"""The genai-shaped API on SmolLM2: sampling, streaming, stop rules, chat."""
+
+from __future__ import annotations
+
+import openvino_genai
+import pytest
+
+from conftest import make_pipe
+
+
+@pytest.fixture(scope="module")
+def pipe(smol_dir):
+    return make_pipe(smol_dir, "CPU")
+
+
+def test_text_generation_and_eos(pipe):
+    result = pipe.generate("The capital of France is Paris. The capital of Germany is", max_new_tokens=5)
+    assert "Berlin" in result.text and str(result) == result.text
+    pipe.start_chat()
+    try:
+        answer = pipe.generate("Say only the word yes.", max_new_tokens=64)
+    finally:
+        pipe.finish_chat()
+    assert answer.finish_reason == "stop" and len(answer.tokens) < 64  # ended at EOS
+
+
+def test_seeded_sampling_is_repeatable_and_differs_from_greedy(pipe, text_ids):
+    ids = text_ids(40)
+    kwargs = dict(max_new_tokens=16, do_sample=True, temperature=1.3, top_k=50, top_p=0.95,
+                  ignore_eos=True)
+    a = pipe.generate(ids, rng_seed=7, **kwargs)
+    b = pipe.generate(ids, rng_seed=7, **kwargs)
+    c = pipe.generate(ids, rng_seed=8, **kwargs)
+    greedy = pipe.generate(ids, max_new_tokens=16, ignore_eos=True)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens or a.tokens != greedy.tokens
+
+
+def test_streamer_receives_the_text_and_can_stop(pipe, text_ids):
+    pieces: list[str] = []
+    result = pipe.generate(text_ids(30), max_new_tokens=12, ignore_eos=True,
+                           streamer=lambda s: pieces.append(s))
+    assert "".join(pieces) == result.text and len(pieces) > 1
+    seen: list[str] = []
+
+    def stop_after_three(text: str) -> openvino_genai.StreamingStatus:
+        seen.append(text)
+        return (openvino_genai.StreamingStatus.STOP if len(seen) >= 3
+                else openvino_genai.StreamingStatus.RUNNING)
+
+    stopped = pipe.generate(text_ids(30), max_new_tokens=50, ignore_eos=True, streamer=stop_after_three)
+    assert stopped.finish_reason == "stop" and len(stopped.tokens) < 50
+    calls: list[str] = []
+
+    def cancel(text: str) -> openvino_genai.StreamingStatus:
+        calls.append(text)
+        return openvino_genai.StreamingStatus.CANCEL
+
+    cancelled = pipe.generate(text_ids(30), max_new_tokens=50, ignore_eos=True, streamer=cancel)
+    # TextStreamer may hold a few tokens back before the first call; one call ends it
+    assert cancelled.finish_reason == "cancelled" and len(calls) == 1
+    assert len(cancelled.tokens) < 10
+
+
+def test_stop_string_ends_generation(pipe):
+    prompt = "Count: 1, 2, 3, 4, 5, 6,"
+    free = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True)
+    assert " 8" in free.text
+    cut = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True, stop_strings={" 8"})
+    assert cut.finish_reason == "stop" and " 8" not in cut.text and len(cut.tokens) < 20
+
+
+def test_chat_keeps_history_through_the_template(pipe):
+    pipe.start_chat("You are terse.")
+    try:
+        first = pipe.generate("My name is Ada. Reply with OK.", max_new_tokens=16)
+        assert first.prompt_tokens > 10
+        second = pipe.generate("What is my name?", max_new_tokens=16)
+        # the second prompt holds the first turn: system + 2 user turns + 1 answer
+        assert second.prompt_tokens > first.prompt_tokens + len(first.tokens)
+        history_prompt = pipe.tokenizer.decode(pipe.encode("And now?", chat=True).tolist())
+        assert "My name is Ada" in history_prompt and "What is my name?" in history_prompt
+        assert first.text.strip()[:10] in history_prompt
+    finally:
+        pipe.finish_chat()

@@ -1,0 +1,52 @@
+"""Slot layout, masks and position ids of the chunk loop (pure numpy, no model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npuw_kv.runtime.plan import PromptPlan, generate_inputs, prefill_inputs
+
+
+@pytest.mark.parametrize(("n", "chunks", "pad"), [(1, 1, 3), (3, 1, 1), (4, 1, 0), (5, 2, 3), (8, 2, 0)])
+def test_front_padding_fills_every_chunk(n, chunks, pad):
+    plan = PromptPlan(n, 4)
+    assert (plan.num_chunks, plan.pad) == (chunks, pad)
+    assert plan.padded_len == chunks * 4
+
+
+def test_empty_prompt_is_rejected():
+    with pytest.raises(ValueError, match="empty"):
+        PromptPlan(0, 4)
+
+
+def test_prefill_inputs_place_tokens_and_mask_pads():
+    ids = np.arange(100, 106)  # 6 tokens, chunk 4 -> pad 2
+    plan = PromptPlan(6, 4)
+    past_len = 8
+    first = prefill_inputs(ids, plan, 0, past_len)
+    assert first.input_ids.tolist() == [[0, 0, 100, 101]]
+    assert first.position_ids.tolist() == [[0, 0, 0, 1]]
+    assert first.attention_mask.tolist() == [[0] * 8 + [0, 0, 1, 1]]
+    assert first.write_slots == (0, 4)
+    second = prefill_inputs(ids, plan, 1, past_len)
+    assert second.input_ids.tolist() == [[102, 103, 104, 105]]
+    assert second.position_ids.tolist() == [[2, 3, 4, 5]]
+    # past slots 2, 3 hold tokens 0, 1; pads (0, 1) and unwritten slots stay masked
+    assert second.attention_mask.tolist() == [[0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]]
+    assert second.write_slots == (4, 8)
+
+
+def test_prefill_chunk_beyond_past_is_refused():
+    with pytest.raises(ValueError, match="beyond past length"):
+        prefill_inputs(np.arange(12), PromptPlan(12, 4), 2, past_len=4)
+
+
+def test_generate_inputs_mask_live_slots_and_current_token():
+    step = generate_inputs(7, slot=8, position=6, first_slot=2, past_len=10)
+    assert step.input_ids.tolist() == [[7]]
+    assert step.position_ids.tolist() == [[6]]
+    assert step.attention_mask.tolist() == [[0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1]]
+    assert step.write_slots == (8, 9)
+    with pytest.raises(ValueError):
+        generate_inputs(7, slot=11, position=9, first_slot=2, past_len=10)

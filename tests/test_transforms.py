@@ -1,0 +1,81 @@
+"""Graph rewrites on the real SmolLM2 IR (the one openvino-genai makes from the GGUF)."""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+import pytest
+
+from npuw_kv.model import transforms as T
+from npuw_kv.model.layout import ModelLayoutError, discover_layout
+from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
+
+SHAPES = StaticShapes(chunk=64, max_prompt_len=256, total_len=320)
+
+
+@pytest.fixture()
+def smol_model(smol_dir):
+    return read_ir(ov.Core(), smol_dir)
+
+
+def test_static_reshape_needs_the_gqa_broadcast_fix(smol_model):
+    T.make_stateless(smol_model)
+    layout = discover_layout(smol_model)
+    broken = smol_model.clone()
+    with pytest.raises(Exception, match="Broadcast"):
+        T.set_shapes(broken, layout, 64, 256, 192)
+    assert T.fix_gqa_broadcast(smol_model) == 60  # K and V of 30 layers
+    T.set_shapes(smol_model, layout, 64, 256, 192)
+    assert smol_model.outputs[1].get_partial_shape().is_static
+
+
+def test_layout_pairs_ports_by_structure_not_names(smol_model):
+    T.make_stateless(smol_model)
+    layout = discover_layout(smol_model)
+    assert (layout.num_layers, layout.num_kv_heads, layout.head_dim) == (30, 3, 64)
+    assert layout.dtype == np.float32
+    # the converted IR names V outputs "present.{i}.key": names alone would mis-pair them
+    value_port = next(p for p in layout.ports if p.kind == "value")
+    assert "key" in smol_model.outputs[value_port.output_index].get_any_name()
+    assert len({p.output_index for p in layout.ports}) == 60
+    for port in layout.ports:
+        concat = smol_model.outputs[port.output_index].get_node().input(0).get_source_output().get_node()
+        assert port.input_name in concat.input(0).get_source_output().get_names()
+
+
+def test_static_pair_shapes(smol_model):
+    model, layout = prepare(smol_model)
+    prefill, generate = static_pair(model, layout, SHAPES)
+    shape = {i.get_any_name(): i.get_shape() for i in prefill.inputs}
+    assert shape["input_ids"] == [1, 64] and shape["attention_mask"] == [1, 256]
+    assert shape["past_key_values.0.key"] == [1, 3, 192, 64]
+    assert prefill.outputs[layout.logits_output_index].get_shape() == [1, 1, 49152]
+    assert prefill.outputs[layout.ports[0].output_index].get_shape() == [1, 3, 64, 64]
+    gshape = {i.get_any_name(): i.get_shape() for i in generate.inputs}
+    assert gshape["input_ids"] == [1, 1] and gshape["attention_mask"] == [1, 320]
+    assert gshape["past_key_values.29.value"] == [1, 3, 319, 64]
+    assert generate.outputs[layout.ports[-1].output_index].get_shape() == [1, 3, 1, 64]
+
+
+def test_kv_precision_f16(smol_model):
+    model, layout = prepare(smol_model, kv_precision="f16")
+    assert layout.dtype == np.float16
+    params = {p.get_friendly_name(): p for p in model.get_parameters()}
+    assert params["past_key_values.3.value"].get_element_type() == ov.Type.f16
+    assert model.outputs[layout.ports[7].output_index].get_element_type() == ov.Type.f16
+
+
+def test_non_llm_graphs_are_rejected():
+    x = ops.parameter([1, 4], np.float32, name="x")
+    plain = ov.Model([ops.relu(x)], [x])
+    with pytest.raises(ModelLayoutError, match="input_ids"):
+        T.make_stateless(plain)
+    ids = ops.parameter([1, -1], np.int64, name="input_ids")
+    mask = ops.parameter([1, -1], np.int64, name="attention_mask")
+    pos = ops.parameter([1, -1], np.int64, name="position_ids")
+    for p, n in ((ids, "input_ids"), (mask, "attention_mask"), (pos, "position_ids")):
+        p.output(0).set_names({n})
+    no_kv = ov.Model([ops.add(ops.add(ids, mask), pos)], [ids, mask, pos])
+    with pytest.raises(ModelLayoutError, match="not a decoder LLM"):
+        T.make_stateless(no_kv)
