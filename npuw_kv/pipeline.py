@@ -86,9 +86,13 @@ class LLMPipeline:
         self._history = None
 
     # -- generation ---------------------------------------------------------------------------
-    def encode(self, prompt: str, chat: bool = False) -> np.ndarray:
-        if chat:
-            history = [*(self._history or []), {"role": "user", "content": prompt}]
+    def encode(self, prompt: str, chat: bool = False, template: bool = True) -> np.ndarray:
+        """Token ids of ``prompt``: as a user turn through the chat template (with the chat
+        history when ``chat``), or as raw text when ``template`` is off or there is none."""
+        if chat or (template and self.tokenizer.chat_template):
+            history = [*(self._history or []), {"role": "user", "content": prompt}] if chat else [
+                {"role": "user", "content": prompt}
+            ]
             text = self.tokenizer.apply_chat_template(history, add_generation_prompt=True)
             encoded = self.tokenizer.encode(text, add_special_tokens=False)
         else:
@@ -105,17 +109,18 @@ class LLMPipeline:
         """Generate a continuation of ``inputs`` (text, or token ids).
 
         In chat mode (after :meth:`start_chat`) a text input is a user turn: the history goes
-        through the model's chat template and the answer is appended to the history.
+        through the model's chat template and the answer is appended to the history (unless the
+        streamer cancelled the turn, as in openvino-genai).
         """
         config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
         chat = self._history is not None and isinstance(inputs, str)
         if isinstance(inputs, str):
-            ids = self.encode(inputs, chat=chat)
+            ids = self.encode(inputs, chat=chat, template=config.apply_chat_template)
         else:
             data = inputs.data if isinstance(inputs, ov.Tensor) else inputs
             ids = np.asarray(data, np.int64).reshape(-1)
         result = self._generate_ids(ids, config, streamer)
-        if chat and self._history is not None:
+        if chat and self._history is not None and result.finish_reason != "cancelled":
             self._history += [
                 {"role": "user", "content": str(inputs)},
                 {"role": "assistant", "content": result.text},
@@ -156,8 +161,8 @@ class LLMPipeline:
                 finish = "length"
                 break
             logits = self.runner.step(token)
-        if text_streamer is not None:
-            text_streamer.end()
+        if text_streamer is not None and finish != "cancelled":
+            text_streamer.end()  # flush held-back text; a cancelled run wants no more calls
         decode_s = time.perf_counter() - start - decode_start
         text = self.tokenizer.decode(tokens) if tokens else ""
         for stop in config.stop_strings:

@@ -21,6 +21,7 @@ class GenerationConfig:
     stop_strings: set[str] = field(default_factory=set)
     ignore_eos: bool = False
     eos_token_id: int | None = None
+    apply_chat_template: bool = True  # text prompts go through the chat template (as genai)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:

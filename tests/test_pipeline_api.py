@@ -14,7 +14,8 @@ def pipe(smol_dir):
 
 
 def test_text_generation_and_eos(pipe):
-    result = pipe.generate("The capital of France is Paris. The capital of Germany is", max_new_tokens=5)
+    result = pipe.generate("The capital of France is Paris. The capital of Germany is", max_new_tokens=5,
+                           apply_chat_template=False)
     assert "Berlin" in result.text and str(result) == result.text
     pipe.start_chat()
     try:
@@ -64,9 +65,10 @@ def test_streamer_receives_the_text_and_can_stop(pipe, text_ids):
 
 def test_stop_string_ends_generation(pipe):
     prompt = "Count: 1, 2, 3, 4, 5, 6,"
-    free = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True)
+    free = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True, apply_chat_template=False)
     assert " 8" in free.text
-    cut = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True, stop_strings={" 8"})
+    cut = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True, stop_strings={" 8"},
+                        apply_chat_template=False)
     assert cut.finish_reason == "stop" and " 8" not in cut.text and len(cut.tokens) < 20
 
 

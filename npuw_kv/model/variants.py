@@ -50,6 +50,7 @@ def prepare(model: ov.Model, kv_precision: str = "f32") -> tuple[ov.Model, KVLay
     layout = discover_layout(model)
     T.redirect_present_to_new_kv(model, layout)
     T.logits_for_last_position(model, layout)
+    T.fold_gqa_into_attention(model)
     if kv_precision != "f32":
         T.set_kv_precision(model, layout, kv_precision)
         layout = layout.with_dtype({"f16": "float16"}[kv_precision])

@@ -1,0 +1,144 @@
+"""``npuw-kv``: generate, chat, inspect, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .config import EXACT_F32
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=None,
+                        help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)")
+    parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
+    parser.add_argument("--max-prompt-len", type=int, default=None, help="MAX_PROMPT_LEN (1024)")
+    parser.add_argument("--min-response-len", type=int, default=None, help="MIN_RESPONSE_LEN (128)")
+    parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (256)")
+    parser.add_argument("--kv-precision", choices=["f32", "f16"], default=None)
+    parser.add_argument("--exact", action="store_true",
+                        help="exact f32 compute on CPU (no bf16, no dynamic quantization)")
+    parser.add_argument("--prop", "-p", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra setting, e.g. -p NPUW_ONLINE_PIPELINE=NONE (repeatable)")
+
+
+def _pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for name, key in (("max_prompt_len", "max_prompt_len"), ("min_response_len", "min_response_len"),
+                      ("chunk", "prefill_chunk_size"), ("kv_precision", "kv_precision")):
+        if getattr(args, name) is not None:
+            kwargs[key] = getattr(args, name)
+    if args.exact:
+        kwargs.update(EXACT_F32)
+    for item in args.prop:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--prop expects KEY=VALUE, got {item!r}")
+        kwargs[key] = value
+    return kwargs
+
+
+def _load(args: argparse.Namespace):
+    from .pipeline import LLMPipeline
+
+    return LLMPipeline(args.model, args.device, **_pipeline_kwargs(args))
+
+
+def _stream(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    pipe = _load(args)
+    result = pipe.generate(args.prompt, max_new_tokens=args.max_new_tokens, streamer=_stream,
+                           apply_chat_template=not args.no_chat_template)
+    print()
+    print(f"[{len(result.tokens)} tokens, finish={result.finish_reason}, "
+          f"TTFT {result.ttft_s * 1000:.0f} ms, {result.ms_per_token:.1f} ms/token]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    pipe = _load(args)
+    pipe.start_chat(args.system or "")
+    print("npuw-kv chat — /reset clears the history, /exit or Ctrl-D quits", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            print()
+            return 0
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            pipe.start_chat(args.system or "")
+            continue
+        if not line:
+            continue
+        try:
+            pipe.generate(line, max_new_tokens=args.max_new_tokens, streamer=_stream)
+        except ValueError as exc:  # e.g. history grew past MAX_PROMPT_LEN
+            print(f"\n[error] {exc}\n[history cleared]", file=sys.stderr)
+            pipe.start_chat(args.system or "")
+        print()
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspect_model import describe
+
+    print(describe(args.model, args.device, **_pipeline_kwargs(args)))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npuw-kv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text from a prompt (streams)")
+    _model_args(gen)
+    gen.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    gen.add_argument("prompt")
+    gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="interactive chat (REPL)")
+    _model_args(chat)
+    chat.add_argument("--max-new-tokens", "-n", type=int, default=256)
+    chat.add_argument("--system", default=None, help="system message")
+    chat.set_defaults(func=cmd_chat)
+    insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
+    _model_args(insp)
+    insp.add_argument("model_path", nargs="?", default=None, help="same as --model")
+    insp.set_defaults(func=cmd_inspect)
+    bench = sub.add_parser("bench", help="TTFT / decode / peak RSS side by side with openvino-genai")
+    _model_args(bench)
+    bench.add_argument("--quick", action="store_true", help="one ~1000-token prompt, 64 new tokens")
+    bench.add_argument("--prompt-len", type=int, default=1000)
+    bench.add_argument("--new-tokens", type=int, default=64)
+    bench.add_argument("--repeats", type=int, default=3, help="timed runs per runtime (min is kept)")
+    bench.add_argument("--runtimes", default="npuw-kv,genai-cpu",
+                       help="comma list of npuw-kv, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm")
+    bench.add_argument("--json", default=None, help="also write the results to this file")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "model_path", None):
+        args.model = args.model_path
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"npuw-kv: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

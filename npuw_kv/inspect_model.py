@@ -1,0 +1,38 @@
+"""What ``npuw-kv inspect`` prints: the KV layout and the static shapes a config would use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openvino as ov
+
+from .config import PipelineConfig
+from .model.source import resolve_model
+from .model.variants import StaticShapes, prepare, read_ir
+
+
+def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
+    cfg = PipelineConfig.from_kwargs(device, **config)
+    model_dir = resolve_model(model)
+    _, layout = prepare(read_ir(ov.Core(), model_dir), cfg.kv_precision)
+    shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.total_len)
+    windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
+    per_token = layout.bytes_per_token()
+    kv_slots = shapes.generate_past
+    lines = [
+        f"model            {model_dir}",
+        f"layers           {layout.num_layers}",
+        f"kv heads         {layout.num_kv_heads}",
+        f"head_dim         {layout.head_dim}",
+        f"kv dtype         {layout.dtype}",
+        "attention window " + ", ".join("full" if w is None else str(w) for w in windows)
+        + " (per layer: " + ", ".join("full" if w is None else str(w) for w in layout.window) + ")",
+        f"device           {cfg.device} "
+        + ("(two static models)" if cfg.use_static_models else "(one model, both shapes)"),
+        f"prefill          input_ids [1,{shapes.chunk}]  attention_mask [1,{shapes.max_prompt_len}]"
+        f"  past [1,{layout.num_kv_heads},{shapes.prefill_past},{layout.head_dim}]",
+        f"generate         input_ids [1,1]  attention_mask [1,{shapes.total_len}]"
+        f"  past [1,{layout.num_kv_heads},{shapes.generate_past},{layout.head_dim}]",
+        f"KV cache         {kv_slots} slots x {per_token} B/token = {kv_slots * per_token / 2**20:.1f} MiB",
+    ]
+    return "\n".join(lines)
