@@ -23,8 +23,14 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _worker(runtime: str, model: str | None, prompt_len: int, new_tokens: int, repeats: int,
-            extra: dict[str, Any]) -> dict[str, Any]:
+def _worker(
+    runtime: str,
+    model: str | None,
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     import numpy as np
     import openvino as ov
     import openvino_genai
@@ -43,8 +49,13 @@ def _worker(runtime: str, model: str | None, prompt_len: int, new_tokens: int, r
         from .pipeline import LLMPipeline
 
         device = "NPU" if runtime == "npuw-kv-npu" else "CPU"
-        pipe = LLMPipeline(model_dir, device, max_prompt_len=max_prompt,
-                           min_response_len=max(128, new_tokens), **extra)
+        pipe = LLMPipeline(
+            model_dir,
+            device,
+            max_prompt_len=max_prompt,
+            min_response_len=max(128, new_tokens),
+            **extra,
+        )
         load_s = time.perf_counter() - load_start
         for i in range(repeats + 1):
             r = pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
@@ -52,20 +63,33 @@ def _worker(runtime: str, model: str | None, prompt_len: int, new_tokens: int, r
                 ttfts.append(r.ttft_s)
                 tpots.append(r.ms_per_token)
         stats = pipe.kv_stats()
-        info = {"kv_bytes": stats["kv_bytes_allocated"], "host_copied": stats["host_bytes_copied"],
-                "switch_copied": stats["switch_host_bytes_copied"], "tokens": r.tokens}
+        info = {
+            "kv_bytes": stats["kv_bytes_allocated"],
+            "host_copied": stats["host_bytes_copied"],
+            "switch_copied": stats["switch_host_bytes_copied"],
+            "tokens": r.tokens,
+        }
     else:
         props: dict[str, Any] = dict(extra)
         if runtime == "genai-cpu":
             scheduler = openvino_genai.SchedulerConfig()
             scheduler.enable_prefix_caching = False
-            pipe = openvino_genai.LLMPipeline(str(model_dir), "CPU", scheduler_config=scheduler, **props)
+            pipe = openvino_genai.LLMPipeline(
+                str(model_dir), "CPU", scheduler_config=scheduler, **props
+            )
         elif runtime == "genai-sdpa":
-            pipe = openvino_genai.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props)
+            pipe = openvino_genai.LLMPipeline(
+                str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props
+            )
         elif runtime == "npuw-llm":
             pipe = openvino_genai.LLMPipeline(
-                str(model_dir), "NPU", NPUW_DEVICES="CPU", MAX_PROMPT_LEN=max_prompt,
-                MIN_RESPONSE_LEN=max(128, new_tokens), NPUW_LLM_PREFILL_CHUNK_SIZE=256, **props,
+                str(model_dir),
+                "NPU",
+                NPUW_DEVICES="CPU",
+                MAX_PROMPT_LEN=max_prompt,
+                MIN_RESPONSE_LEN=max(128, new_tokens),
+                NPUW_LLM_PREFILL_CHUNK_SIZE=256,
+                **props,
             )
         else:
             raise ValueError(f"unknown runtime {runtime!r}; choose from {RUNTIMES}")
@@ -79,14 +103,32 @@ def _worker(runtime: str, model: str | None, prompt_len: int, new_tokens: int, r
                 ttfts.append(res.perf_metrics.get_ttft().mean / 1000.0)
                 tpots.append(res.perf_metrics.get_tpot().mean)
         info = {"tokens": [int(t) for t in res.tokens[0]]}
-    return {"runtime": runtime, "ttft_s": min(ttfts), "ms_per_token": min(tpots), "load_s": load_s,
-            "peak_rss_mb": _peak_rss_mb(), **info}
+    return {
+        "runtime": runtime,
+        "ttft_s": min(ttfts),
+        "ms_per_token": min(tpots),
+        "load_s": load_s,
+        "peak_rss_mb": _peak_rss_mb(),
+        **info,
+    }
 
 
 def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "npuw_kv.bench", "--worker", runtime, "--prompt-len",
-           str(args.prompt_len), "--new-tokens", str(args.new_tokens), "--repeats",
-           str(args.repeats), "--extra", json.dumps(extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "npuw_kv.bench",
+        "--worker",
+        runtime,
+        "--prompt-len",
+        str(args.prompt_len),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--extra",
+        json.dumps(extra),
+    ]
     if args.model:
         cmd += ["--model", str(args.model)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -103,21 +145,31 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.quick:
         args.prompt_len, args.new_tokens = 1000, 64
     extra = _pipeline_kwargs(args)
-    npuw_extra = {k: v for k, v in extra.items()}
+    npuw_extra = dict(extra)
     genai_extra = {k: v for k, v in extra.items() if k.isupper()}
+    if args.exact:  # genai's CPU default KV cache is u8; exact means f32 there too
+        genai_extra["KV_CACHE_PRECISION"] = "f32"
     runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     bad = [r for r in runtimes if r not in RUNTIMES]
     if bad:
         raise ValueError(f"unknown runtime(s) {bad}; choose from {', '.join(RUNTIMES)}")
-    print(f"prompt {args.prompt_len} tokens of stdlib docstrings, {args.new_tokens} new tokens, "
-          f"min of {args.repeats} runs after 1 warm-up; settings {extra or 'defaults'}", flush=True)
+    print(
+        f"prompt {args.prompt_len} tokens of stdlib docstrings, {args.new_tokens} new tokens, "
+        f"min of {args.repeats} runs after 1 warm-up; settings {extra or 'defaults'}",
+        flush=True,
+    )
     results = []
     for runtime in runtimes:
         print(f"  running {runtime} ...", file=sys.stderr, flush=True)
-        results.append(_run_worker(runtime, args, npuw_extra if runtime.startswith("npuw-kv") else genai_extra))
+        results.append(
+            _run_worker(runtime, args, npuw_extra if runtime.startswith("npuw-kv") else genai_extra)
+        )
     base = next((r for r in results if r["runtime"] == "genai-cpu" and "error" not in r), None)
     ours = next((r for r in results if r["runtime"] == "npuw-kv" and "error" not in r), None)
-    header = f"{'runtime':<13}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'KV MB':>8}{'load s':>8}  same tokens"
+    header = (
+        f"{'runtime':<13}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'KV MB':>8}"
+        f"{'load s':>8}  same tokens"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -126,13 +178,17 @@ def run_bench(args: argparse.Namespace) -> int:
             continue
         kv = f"{r['kv_bytes'] / 2**20:.1f}" if "kv_bytes" in r else "-"
         same = "-" if ours is None or r is ours else str(r.get("tokens") == ours.get("tokens"))
-        print(f"{r['runtime']:<13}{r['ttft_s']:>9.3f}{r['ms_per_token']:>10.1f}{r['peak_rss_mb']:>13.0f}"
-              f"{kv:>8}{r['load_s']:>8.1f}  {same}")
+        print(
+            f"{r['runtime']:<13}{r['ttft_s']:>9.3f}{r['ms_per_token']:>10.1f}{r['peak_rss_mb']:>13.0f}"
+            f"{kv:>8}{r['load_s']:>8.1f}  {same}"
+        )
     if base and ours:
-        print(f"npuw-kv / genai-cpu: TTFT x{ours['ttft_s'] / base['ttft_s']:.2f}, decode "
-              f"x{ours['ms_per_token'] / base['ms_per_token']:.2f}, peak RSS "
-              f"x{ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}; host bytes copied "
-              f"{ours['host_copied']} (at the prefill->generate switch: {ours['switch_copied']})")
+        print(
+            f"npuw-kv / genai-cpu: TTFT x{ours['ttft_s'] / base['ttft_s']:.2f}, decode "
+            f"x{ours['ms_per_token'] / base['ms_per_token']:.2f}, peak RSS "
+            f"x{ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}; host bytes copied "
+            f"{ours['host_copied']} (at the prefill->generate switch: {ours['switch_copied']})"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

@@ -10,23 +10,40 @@ from .config import EXACT_F32
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", default=None,
-                        help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)")
+    parser.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)",
+    )
     parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
     parser.add_argument("--max-prompt-len", type=int, default=None, help="MAX_PROMPT_LEN (1024)")
     parser.add_argument("--min-response-len", type=int, default=None, help="MIN_RESPONSE_LEN (128)")
     parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (256)")
     parser.add_argument("--kv-precision", choices=["f32", "f16"], default=None)
-    parser.add_argument("--exact", action="store_true",
-                        help="exact f32 compute on CPU (no bf16, no dynamic quantization)")
-    parser.add_argument("--prop", "-p", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra setting, e.g. -p NPUW_ONLINE_PIPELINE=NONE (repeatable)")
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact f32 compute on CPU (no bf16, no dynamic quantization)",
+    )
+    parser.add_argument(
+        "--prop",
+        "-p",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra setting, e.g. -p NPUW_ONLINE_PIPELINE=NONE (repeatable)",
+    )
 
 
 def _pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
-    for name, key in (("max_prompt_len", "max_prompt_len"), ("min_response_len", "min_response_len"),
-                      ("chunk", "prefill_chunk_size"), ("kv_precision", "kv_precision")):
+    for name, key in (
+        ("max_prompt_len", "max_prompt_len"),
+        ("min_response_len", "min_response_len"),
+        ("chunk", "prefill_chunk_size"),
+        ("kv_precision", "kv_precision"),
+    ):
         if getattr(args, name) is not None:
             kwargs[key] = getattr(args, name)
     if args.exact:
@@ -52,11 +69,18 @@ def _stream(text: str) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     pipe = _load(args)
-    result = pipe.generate(args.prompt, max_new_tokens=args.max_new_tokens, streamer=_stream,
-                           apply_chat_template=not args.no_chat_template)
+    result = pipe.generate(
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        streamer=_stream,
+        apply_chat_template=not args.no_chat_template,
+    )
     print()
-    print(f"[{len(result.tokens)} tokens, finish={result.finish_reason}, "
-          f"TTFT {result.ttft_s * 1000:.0f} ms, {result.ms_per_token:.1f} ms/token]", file=sys.stderr)
+    print(
+        f"[{len(result.tokens)} tokens, finish={result.finish_reason}, "
+        f"TTFT {result.ttft_s * 1000:.0f} ms, {result.ms_per_token:.1f} ms/token]",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -116,14 +140,21 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(insp)
     insp.add_argument("model_path", nargs="?", default=None, help="same as --model")
     insp.set_defaults(func=cmd_inspect)
-    bench = sub.add_parser("bench", help="TTFT / decode / peak RSS side by side with openvino-genai")
+    bench = sub.add_parser(
+        "bench", help="TTFT / decode / peak RSS side by side with openvino-genai"
+    )
     _model_args(bench)
     bench.add_argument("--quick", action="store_true", help="one ~1000-token prompt, 64 new tokens")
     bench.add_argument("--prompt-len", type=int, default=1000)
     bench.add_argument("--new-tokens", type=int, default=64)
-    bench.add_argument("--repeats", type=int, default=3, help="timed runs per runtime (min is kept)")
-    bench.add_argument("--runtimes", default="npuw-kv,genai-cpu",
-                       help="comma list of npuw-kv, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm")
+    bench.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per runtime (min is kept)"
+    )
+    bench.add_argument(
+        "--runtimes",
+        default="npuw-kv,genai-cpu",
+        help="comma list of npuw-kv, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm",
+    )
     bench.add_argument("--json", default=None, help="also write the results to this file")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -25,14 +25,18 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         f"kv heads         {layout.num_kv_heads}",
         f"head_dim         {layout.head_dim}",
         f"kv dtype         {layout.dtype}",
-        "attention window " + ", ".join("full" if w is None else str(w) for w in windows)
-        + " (per layer: " + ", ".join("full" if w is None else str(w) for w in layout.window) + ")",
+        "attention window "
+        + ", ".join("full" if w is None else str(w) for w in windows)
+        + " (per layer: "
+        + ", ".join("full" if w is None else str(w) for w in layout.window)
+        + ")",
         f"device           {cfg.device} "
         + ("(two static models)" if cfg.use_static_models else "(one model, both shapes)"),
         f"prefill          input_ids [1,{shapes.chunk}]  attention_mask [1,{shapes.max_prompt_len}]"
         f"  past [1,{layout.num_kv_heads},{shapes.prefill_past},{layout.head_dim}]",
         f"generate         input_ids [1,1]  attention_mask [1,{shapes.total_len}]"
         f"  past [1,{layout.num_kv_heads},{shapes.generate_past},{layout.head_dim}]",
-        f"KV cache         {kv_slots} slots x {per_token} B/token = {kv_slots * per_token / 2**20:.1f} MiB",
+        f"KV cache         {kv_slots} slots x {per_token} B/token"
+        f" = {kv_slots * per_token / 2**20:.1f} MiB",
     ]
     return "\n".join(lines)

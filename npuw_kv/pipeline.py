@@ -53,7 +53,9 @@ class LLMPipeline:
     ``config``: :class:`~npuw_kv.config.PipelineConfig` fields or their NPUW names.
     """
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any) -> None:
+    def __init__(
+        self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any
+    ) -> None:
         self.config = PipelineConfig.from_kwargs(device, **config)
         self.model_dir = resolve_model(model)
         self.core = ov.Core()
@@ -90,9 +92,11 @@ class LLMPipeline:
         """Token ids of ``prompt``: as a user turn through the chat template (with the chat
         history when ``chat``), or as raw text when ``template`` is off or there is none."""
         if chat or (template and self.tokenizer.chat_template):
-            history = [*(self._history or []), {"role": "user", "content": prompt}] if chat else [
-                {"role": "user", "content": prompt}
-            ]
+            history = (
+                [*(self._history or []), {"role": "user", "content": prompt}]
+                if chat
+                else [{"role": "user", "content": prompt}]
+            )
             text = self.tokenizer.apply_chat_template(history, add_generation_prompt=True)
             encoded = self.tokenizer.encode(text, add_special_tokens=False)
         else:
@@ -149,8 +153,13 @@ class LLMPipeline:
             tokens.append(token)
             if text_streamer is not None:
                 status = text_streamer.write(token)
-                if status in (openvino_genai.StreamingStatus.STOP, openvino_genai.StreamingStatus.CANCEL):
-                    finish = "cancelled" if status == openvino_genai.StreamingStatus.CANCEL else "stop"
+                if status in (
+                    openvino_genai.StreamingStatus.STOP,
+                    openvino_genai.StreamingStatus.CANCEL,
+                ):
+                    finish = (
+                        "cancelled" if status == openvino_genai.StreamingStatus.CANCEL else "stop"
+                    )
                     break
             if config.stop_strings and self._hit_stop_string(tokens, config.stop_strings):
                 finish = "stop"

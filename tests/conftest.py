@@ -5,7 +5,7 @@ Nothing here skips: if the model package or OpenVINO is missing, the fixtures fa
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ def genai_reference(smol_dir: Path):
     """Greedy tokens from openvino-genai's CPU pipeline with f32 KV and exact f32 compute."""
     pipe = openvino_genai.LLMPipeline(str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
 
-    @lru_cache(maxsize=None)
+    @cache
     def run(ids: tuple[int, ...], new_tokens: int) -> list[int]:
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens = new_tokens
@@ -90,8 +90,13 @@ def make_pipe(smol_dir: Path, device: str, **extra) -> LLMPipeline:
     key = (device, tuple(sorted(extra.items())))
     if key not in _PIPES:
         _PIPES[key] = LLMPipeline(
-            smol_dir, device, prefill_chunk_size=CHUNK, max_prompt_len=MAX_PROMPT,
-            min_response_len=MIN_RESPONSE, **EXACT_F32, **extra,
+            smol_dir,
+            device,
+            prefill_chunk_size=CHUNK,
+            max_prompt_len=MAX_PROMPT,
+            min_response_len=MIN_RESPONSE,
+            **EXACT_F32,
+            **extra,
         )
     return _PIPES[key]
 

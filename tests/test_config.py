@@ -9,11 +9,16 @@ from npuw_kv.config import PipelineConfig
 
 def test_npuw_names_set_the_same_fields():
     cfg = PipelineConfig.from_kwargs(
-        "npu", NPUW_LLM_MAX_PROMPT_LEN=2048, NPUW_LLM_MIN_RESPONSE_LEN=64,
+        "npu",
+        NPUW_LLM_MAX_PROMPT_LEN=2048,
+        NPUW_LLM_MIN_RESPONSE_LEN=64,
         NPUW_LLM_PREFILL_CHUNK_SIZE="512",
     )
     assert (cfg.device, cfg.max_prompt_len, cfg.min_response_len, cfg.prefill_chunk_size) == (
-        "NPU", 2048, 64, 512,
+        "NPU",
+        2048,
+        64,
+        512,
     )
     short = PipelineConfig.from_kwargs("CPU", MAX_PROMPT_LEN=300, MIN_RESPONSE_LEN=10)
     assert short.max_prompt_len == 512  # rounded up to a multiple of the chunk (256)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import MAX_PROMPT, make_pipe
+
 from npuw_kv.model.source import ModelSourceError, resolve_model
 from npuw_kv.model.variants import ModelLoadError
 from npuw_kv.pipeline import LLMPipeline
@@ -55,8 +55,12 @@ def test_missing_and_corrupt_model_files(tmp_path, smol_dir):
         LLMPipeline(tmp_path / "nope")
     with pytest.raises(ModelSourceError, match="lacks openvino_model.xml"):
         LLMPipeline(tmp_path)
-    for name in ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml",
-                 "openvino_detokenizer.xml"):
+    for name in (
+        "openvino_model.xml",
+        "openvino_model.bin",
+        "openvino_tokenizer.xml",
+        "openvino_detokenizer.xml",
+    ):
         (tmp_path / name).write_text("<not an IR")
     with pytest.raises(ModelLoadError, match="cannot read"):
         LLMPipeline(tmp_path)

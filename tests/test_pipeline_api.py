@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import openvino_genai
 import pytest
-
 from conftest import make_pipe
 
 
@@ -14,8 +13,11 @@ def pipe(smol_dir):
 
 
 def test_text_generation_and_eos(pipe):
-    result = pipe.generate("The capital of France is Paris. The capital of Germany is", max_new_tokens=5,
-                           apply_chat_template=False)
+    result = pipe.generate(
+        "The capital of France is Paris. The capital of Germany is",
+        max_new_tokens=5,
+        apply_chat_template=False,
+    )
     assert "Berlin" in result.text and str(result) == result.text
     pipe.start_chat()
     try:
@@ -27,8 +29,9 @@ def test_text_generation_and_eos(pipe):
 
 def test_seeded_sampling_is_repeatable_and_differs_from_greedy(pipe, text_ids):
     ids = text_ids(40)
-    kwargs = dict(max_new_tokens=16, do_sample=True, temperature=1.3, top_k=50, top_p=0.95,
-                  ignore_eos=True)
+    kwargs = dict(
+        max_new_tokens=16, do_sample=True, temperature=1.3, top_k=50, top_p=0.95, ignore_eos=True
+    )
     a = pipe.generate(ids, rng_seed=7, **kwargs)
     b = pipe.generate(ids, rng_seed=7, **kwargs)
     c = pipe.generate(ids, rng_seed=8, **kwargs)
@@ -39,17 +42,23 @@ def test_seeded_sampling_is_repeatable_and_differs_from_greedy(pipe, text_ids):
 
 def test_streamer_receives_the_text_and_can_stop(pipe, text_ids):
     pieces: list[str] = []
-    result = pipe.generate(text_ids(30), max_new_tokens=12, ignore_eos=True,
-                           streamer=lambda s: pieces.append(s))
+    result = pipe.generate(
+        text_ids(30), max_new_tokens=12, ignore_eos=True, streamer=lambda s: pieces.append(s)
+    )
     assert "".join(pieces) == result.text and len(pieces) > 1
     seen: list[str] = []
 
     def stop_after_three(text: str) -> openvino_genai.StreamingStatus:
         seen.append(text)
-        return (openvino_genai.StreamingStatus.STOP if len(seen) >= 3
-                else openvino_genai.StreamingStatus.RUNNING)
+        return (
+            openvino_genai.StreamingStatus.STOP
+            if len(seen) >= 3
+            else openvino_genai.StreamingStatus.RUNNING
+        )
 
-    stopped = pipe.generate(text_ids(30), max_new_tokens=50, ignore_eos=True, streamer=stop_after_three)
+    stopped = pipe.generate(
+        text_ids(30), max_new_tokens=50, ignore_eos=True, streamer=stop_after_three
+    )
     assert stopped.finish_reason == "stop" and len(stopped.tokens) < 50
     calls: list[str] = []
 
@@ -67,8 +76,9 @@ def test_stop_string_ends_generation(pipe):
     prompt = "Count: 1, 2, 3, 4, 5, 6,"
     free = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True, apply_chat_template=False)
     assert " 8" in free.text
-    cut = pipe.generate(prompt, max_new_tokens=20, ignore_eos=True, stop_strings={" 8"},
-                        apply_chat_template=False)
+    cut = pipe.generate(
+        prompt, max_new_tokens=20, ignore_eos=True, stop_strings={" 8"}, apply_chat_template=False
+    )
     assert cut.finish_reason == "stop" and " 8" not in cut.text and len(cut.tokens) < 20
 
 

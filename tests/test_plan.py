@@ -8,7 +8,9 @@ import pytest
 from npuw_kv.runtime.plan import PromptPlan, generate_inputs, prefill_inputs
 
 
-@pytest.mark.parametrize(("n", "chunks", "pad"), [(1, 1, 3), (3, 1, 1), (4, 1, 0), (5, 2, 3), (8, 2, 0)])
+@pytest.mark.parametrize(
+    ("n", "chunks", "pad"), [(1, 1, 3), (3, 1, 1), (4, 1, 0), (5, 2, 3), (8, 2, 0)]
+)
 def test_front_padding_fills_every_chunk(n, chunks, pad):
     plan = PromptPlan(n, 4)
     assert (plan.num_chunks, plan.pad) == (chunks, pad)

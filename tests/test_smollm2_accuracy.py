@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import CHUNK, make_pipe
 
 LENGTHS = [1, CHUNK - 1, CHUNK, CHUNK + 1, 1000]
@@ -16,7 +15,8 @@ def test_greedy_tokens_match_genai(smol_pipe, text_ids, genai_reference, referen
     ids = text_ids(length)
     result = smol_pipe.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True)
     expected = genai_reference(ids, NEW_TOKENS)
-    first_diff = next((i for i, (a, b) in enumerate(zip(result.tokens, expected)) if a != b), None)
+    pairs = enumerate(zip(result.tokens, expected, strict=True))
+    first_diff = next((i for i, (a, b) in pairs if a != b), None)
     delta = float(np.abs(result.first_logits - reference_logits(ids)).max())
     print(f"\n{smol_pipe.config.device} len={length}: max|dlogit| at first position {delta:.2e}")
     assert first_diff is None, f"diverges at generated token {first_diff}"

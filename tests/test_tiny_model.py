@@ -53,8 +53,13 @@ DEVICE_EXTRA = {"CPU": {}, "NPU": {"NPUW_ONLINE_PIPELINE": "NONE"}}
 @pytest.fixture(scope="module", params=["CPU", "NPU"])
 def tiny_pipe(request, tiny_dir):
     return LLMPipeline(
-        tiny_dir, request.param, prefill_chunk_size=C, max_prompt_len=64, min_response_len=40,
-        **EXACT_F32, **DEVICE_EXTRA[request.param],
+        tiny_dir,
+        request.param,
+        prefill_chunk_size=C,
+        max_prompt_len=64,
+        min_response_len=40,
+        **EXACT_F32,
+        **DEVICE_EXTRA[request.param],
     )
 
 
@@ -72,14 +77,29 @@ def test_tiny_layout(tiny_pipe):
     assert tiny_pipe.kv_stats()["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
 
 
-@pytest.mark.parametrize("extra", [{"static_models": True}, {"kv_binding": "copy"},
-                                   {"static_models": True, "kv_binding": "copy"}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"static_models": True},
+        {"kv_binding": "copy"},
+        {"static_models": True, "kv_binding": "copy"},
+    ],
+)
 def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):
-    pipe = LLMPipeline(tiny_dir, "CPU", prefill_chunk_size=C, max_prompt_len=64,
-                       min_response_len=40, **EXACT_F32, **extra)
+    pipe = LLMPipeline(
+        tiny_dir,
+        "CPU",
+        prefill_chunk_size=C,
+        max_prompt_len=64,
+        min_response_len=40,
+        **EXACT_F32,
+        **extra,
+    )
     for length in (C + 1, 60):
         ids = (np.arange(length, dtype=np.int64) * 104729 + 5) % 49000 + 100
-        assert pipe.generate(ids, max_new_tokens=24, ignore_eos=True).tokens == tiny_reference(ids, 24)
+        assert pipe.generate(ids, max_new_tokens=24, ignore_eos=True).tokens == tiny_reference(
+            ids, 24
+        )
     copied = pipe.kv_stats()["host_bytes_copied"]
     assert (copied > 0) == (extra.get("kv_binding") == "copy")
 

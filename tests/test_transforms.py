@@ -40,7 +40,9 @@ def test_layout_pairs_ports_by_structure_not_names(smol_model):
     assert "key" in smol_model.outputs[value_port.output_index].get_any_name()
     assert len({p.output_index for p in layout.ports}) == 60
     for port in layout.ports:
-        concat = smol_model.outputs[port.output_index].get_node().input(0).get_source_output().get_node()
+        concat = (
+            smol_model.outputs[port.output_index].get_node().input(0).get_source_output().get_node()
+        )
         assert port.input_name in concat.input(0).get_source_output().get_names()
 
 

@@ -1,1 +1,3 @@
-"""KV cache storage: the shared per-layer buffers, their views and copies (no OpenVINO models here)."""
+"""KV cache storage: the shared per-layer buffers, their views and copies.
+
+Nothing here knows about OpenVINO models (tensors only)."""

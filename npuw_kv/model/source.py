@@ -53,7 +53,9 @@ def _gguf_cache_dir(gguf: Path, root: Path) -> Path:
     return root / f"{gguf.stem}-{key.hexdigest()[:12]}"
 
 
-def convert_gguf(gguf: Path, cache_dir: Path | None = None, log: Callable[..., None] = print) -> Path:
+def convert_gguf(
+    gguf: Path, cache_dir: Path | None = None, log: Callable[..., None] = print
+) -> Path:
     """Convert ``gguf`` with openvino-genai into the cache (once) and return the IR dir."""
     target = _gguf_cache_dir(gguf, cache_dir or cache_root())
     if all((target / f).is_file() for f in IR_FILES + TOKENIZER_FILES):

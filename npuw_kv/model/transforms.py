@@ -116,7 +116,10 @@ def logits_for_last_position(model: ov.Model, layout: KVLayout) -> None:
 
 
 def set_shapes(
-    model: ov.Model, layout: KVLayout, tokens: int | None, mask_len: int | None,
+    model: ov.Model,
+    layout: KVLayout,
+    tokens: int | None,
+    mask_len: int | None,
     past_len: int | None,
 ) -> None:
     """Reshape to batch 1 with the given token / mask / past lengths (None = dynamic)."""
@@ -145,7 +148,8 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
     params = {p.get_friendly_name(): p for p in model.get_parameters()}
     for port in layout.ports:
         param = next(
-            p for name, p in params.items()
+            p
+            for name, p in params.items()
             if name == port.input_name or port.input_name in p.output(0).get_names()
         )
         compute = param.get_element_type()
@@ -165,67 +169,6 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
     return changed
 
 
-def untie_embedding_decompression(model: ov.Model) -> int:
-    """Give each consumer of a shared weight-decompression chain its own chain.
-
-    With tied embeddings the token-embedding Gather and the LM-head MatMul read one
-    decompression subgraph (u8 -> f16 -> (-zp) * scale -> reshape -> f32).  Shared, the CPU
-    plugin can fuse it into neither consumer and materialises the whole f32 table at the first
-    inference (~+170 MB for SmolLM2).  Cloning the small chain per consumer (the constants stay
-    shared) lets each consumer keep the weights compressed.  Returns the consumers untied.
-    """
-    untied = 0
-    for node in model.get_ordered_ops():
-        if node.get_type_name() != "Convert":
-            continue
-        targets = list(node.output(0).get_target_inputs())
-        if len(targets) < 2:
-            continue
-        chain = _decompression_chain(node)
-        if chain is None:
-            continue
-        for target in targets[1:]:
-            target.replace_source_output(_clone_chain(chain).output(0))
-            untied += 1
-    if untied:
-        model.validate_nodes_and_infer_types()
-    return untied
-
-
-_CHAIN_OPS = {"Convert", "Subtract", "Multiply", "Reshape"}
-
-
-def _decompression_chain(last: ov.Node) -> list[ov.Node] | None:
-    """Nodes from a compressed Constant up to ``last`` if that is all the path holds."""
-    chain: list[ov.Node] = []
-    node = last
-    while node.get_type_name() in _CHAIN_OPS:
-        chain.append(node)
-        node = node.input(0).get_source_output().get_node()
-    if node.get_type_name() != "Constant" or len(chain) < 3:
-        return None
-    if node.get_output_element_type(0) not in (ov.Type.u8, ov.Type.i8, ov.Type.u4, ov.Type.i4):
-        return None
-    return chain[::-1]
-
-
-def _clone_chain(chain: list[ov.Node]) -> ov.Node:
-    source = chain[0].input(0).get_source_output()
-    for node in chain:
-        kind = node.get_type_name()
-        other = node.input(1).get_source_output() if node.get_input_size() > 1 else None
-        if kind == "Convert":
-            clone = ops.convert(source, node.get_output_element_type(0))
-        elif kind == "Subtract":
-            clone = ops.subtract(source, other)
-        elif kind == "Multiply":
-            clone = ops.multiply(source, other)
-        else:
-            clone = ops.reshape(source, other, special_zero=bool(node.get_attributes()["special_zero"]))
-        source = clone.output(0)
-    return source.get_node()
-
-
 def fold_gqa_into_attention(model: ov.Model) -> int:
     """Attend with the KV heads as they are instead of expanding them for every query head.
 
@@ -239,12 +182,18 @@ def fold_gqa_into_attention(model: ov.Model) -> int:
     for sdpa in model.get_ordered_ops():
         if sdpa.get_type_name() != "ScaledDotProductAttention" or sdpa.get_input_size() < 4:
             continue
-        sources = [_gqa_source(sdpa.input(i).get_source_output()) for i in (1, 2)]
+        key = _gqa_source(sdpa.input(1).get_source_output())
+        value = _gqa_source(sdpa.input(2).get_source_output())
         query = sdpa.input(0).get_source_output()
         q_shape, mask = query.get_partial_shape(), sdpa.input(3).get_source_output()
-        if None in sources or q_shape.rank.get_length() != 4 or mask.get_partial_shape().rank.get_length() != 4:
+        if (
+            key is None
+            or value is None
+            or q_shape.rank.get_length() != 4
+            or mask.get_partial_shape().rank.get_length() != 4
+        ):
             continue
-        kv_heads = sources[0].get_partial_shape()[1]
+        kv_heads = key.get_partial_shape()[1]
         q_heads, head_dim = q_shape[1], q_shape[3]
         if not (kv_heads.is_static and q_heads.is_static and head_dim.is_static):
             continue
@@ -252,12 +201,16 @@ def fold_gqa_into_attention(model: ov.Model) -> int:
         if group * kv_heads.get_length() != q_heads.get_length() or group == 1:
             continue
         d = head_dim.get_length()
-        q = ops.reshape(query, ops.constant(np.array([0, kv_heads.get_length(), -1, d], np.int64)), True)
+        q = ops.reshape(
+            query, ops.constant(np.array([0, kv_heads.get_length(), -1, d], np.int64)), True
+        )
         tiled = ops.concat([mask] * group, 2)
         extra = [sdpa.input(4).get_source_output()] if sdpa.get_input_size() > 4 else []
         causal = bool(sdpa.get_attributes().get("causal", False))
-        attn = ops.scaled_dot_product_attention(q, sources[0], sources[1], tiled, *extra, causal=causal)
-        out = ops.reshape(attn, ops.constant(np.array([0, q_heads.get_length(), -1, d], np.int64)), True)
+        attn = ops.scaled_dot_product_attention(q, key, value, tiled, *extra, causal=causal)
+        out = ops.reshape(
+            attn, ops.constant(np.array([0, q_heads.get_length(), -1, d], np.int64)), True
+        )
         for target in list(sdpa.output(0).get_target_inputs()):
             target.replace_source_output(out.output(0))
         folded += 1

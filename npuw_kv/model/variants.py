@@ -57,7 +57,9 @@ def prepare(model: ov.Model, kv_precision: str = "f32") -> tuple[ov.Model, KVLay
     return model, layout
 
 
-def static_pair(model: ov.Model, layout: KVLayout, shapes: StaticShapes) -> tuple[ov.Model, ov.Model]:
+def static_pair(
+    model: ov.Model, layout: KVLayout, shapes: StaticShapes
+) -> tuple[ov.Model, ov.Model]:
     """Clone into the prefill ``[1, C]`` and generate ``[1, 1]`` static models."""
     prefill, generate = model.clone(), model.clone()
     try:

@@ -73,7 +73,9 @@ class KVBinding:
             raise ValueError(f"write of {stop - start} rows into a {self.new_tokens}-row output")
         if self.mode == "roi":
             for port in self.ports:
-                self.request.set_output_tensor(port.output_index, self._output_view(port.name, start, stop))
+                self.request.set_output_tensor(
+                    port.output_index, self._output_view(port.name, start, stop)
+                )
             return
         end = min(live_end, self.past_len)
         if end > self._synced:
@@ -101,6 +103,8 @@ class KVBinding:
         if self.mode == "roi" or stop > self.cache.capacity:
             return
         for port in self.ports:
-            safe_copy(self.cache.rows(port.name, start, stop), self._staging_out[port.name], self.counter)
+            safe_copy(
+                self.cache.rows(port.name, start, stop), self._staging_out[port.name], self.counter
+            )
         # rows rewritten below the synced mark must be re-synced next time
         self._synced = min(self._synced, start)

@@ -11,7 +11,6 @@ from ..config import PipelineConfig
 from ..model.layout import KVLayout
 from ..model.variants import StaticShapes, shared_dynamic, static_pair
 
-
 CPU_SUBMODEL_PROPERTIES = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
 
 

@@ -22,7 +22,9 @@ class CapacityError(ValueError):
 
 
 class StaticRunner:
-    def __init__(self, requests: Requests, layout: KVLayout, shapes: StaticShapes, kv_binding: str) -> None:
+    def __init__(
+        self, requests: Requests, layout: KVLayout, shapes: StaticShapes, kv_binding: str
+    ) -> None:
         self.requests = requests
         self.layout = layout
         self.shapes = shapes
@@ -39,7 +41,13 @@ class StaticRunner:
         # graphs) read the strided view [0, MAX_PROMPT_LEN - C).
         self.prefill_past = shapes.generate_past if requests.shared_weights else shapes.prefill_past
         self.prefill_binding = KVBinding(
-            requests.prefill, ports, self.cache, self.prefill_past, shapes.chunk, kv_binding, self.copied
+            requests.prefill,
+            ports,
+            self.cache,
+            self.prefill_past,
+            shapes.chunk,
+            kv_binding,
+            self.copied,
         )
         self.generate_binding = KVBinding(
             requests.generate, ports, self.cache, shapes.generate_past, 1, kv_binding, self.copied
@@ -77,7 +85,8 @@ class StaticRunner:
         if ids.size > self.shapes.max_prompt_len:
             raise CapacityError(
                 f"prompt has {ids.size} tokens but MAX_PROMPT_LEN is {self.shapes.max_prompt_len}; "
-                f"raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) to at least {ids.size}"
+                "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
+                f"to at least {ids.size}"
             )
         plan = PromptPlan(int(ids.size), self.shapes.chunk)
         self.copied.reset()
@@ -100,10 +109,15 @@ class StaticRunner:
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
             raise CapacityError(
-                f"KV cache is full ({self.shapes.total_len} slots); raise min_response_len (MIN_RESPONSE_LEN)"
+                f"KV cache is full ({self.shapes.total_len} slots); "
+                "raise min_response_len (MIN_RESPONSE_LEN)"
             )
         inputs = generate_inputs(
-            int(token), self._next_slot, self._next_position, self._first_slot, self.shapes.generate_past
+            int(token),
+            self._next_slot,
+            self._next_position,
+            self._first_slot,
+            self.shapes.generate_past,
         )
         before = self.copied.bytes
         self.generate_binding.before(inputs.write_slots, self._next_slot)

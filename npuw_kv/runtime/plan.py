@@ -73,7 +73,9 @@ def prefill_inputs(ids: np.ndarray, plan: PromptPlan, k: int, past_len: int) -> 
     )
 
 
-def generate_inputs(token: int, slot: int, position: int, first_slot: int, past_len: int) -> StepInputs:
+def generate_inputs(
+    token: int, slot: int, position: int, first_slot: int, past_len: int
+) -> StepInputs:
     """Inputs of one generate step writing ``slot``; slots ``[first_slot, slot)`` are live."""
     if slot > past_len:
         raise ValueError(f"slot {slot} beyond generate past length {past_len}")

@@ -1,0 +1,47 @@
+"""The ``npuw-kv`` command line on the default model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from npuw_kv.cli import main
+
+
+def test_inspect_prints_layout_and_shapes(capsys):
+    assert main(["inspect", "--chunk", "128", "--max-prompt-len", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "layers           30" in out and "kv heads         3" in out
+    assert "head_dim         64" in out and "attention window full" in out
+    assert "input_ids [1,128]  attention_mask [1,384]  past [1,3,256,64]" in out
+    assert "attention_mask [1,512]" in out  # generate: 384 + 128
+
+
+def test_generate_streams_text(capsys):
+    assert (
+        main(["generate", "-n", "6", "--exact", "--no-chat-template", "The capital of France is"])
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert "Paris" in captured.out
+    assert "finish=length" in captured.err and "ms/token" in captured.err
+
+
+def test_bad_settings_exit_2_with_the_reason(capsys):
+    assert main(["generate", "--chunk", "0", "hi"]) == 2
+    assert "PREFILL_CHUNK_SIZE" in capsys.readouterr().err
+    assert main(["generate", "-p", "NOT_A_SETTING=1", "hi"]) == 2
+    assert "unknown setting" in capsys.readouterr().err
+
+
+def test_chat_repl_keeps_going_until_exit():
+    proc = subprocess.run(
+        [sys.executable, "-m", "npuw_kv.cli", "chat", "-n", "8"],
+        input="Hello!\n/reset\nSay hi.\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("> ") >= 3  # three prompts shown before /exit
+    assert len(proc.stdout.replace("> ", "").strip()) > 10  # two answers were streamed

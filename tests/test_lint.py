@@ -1,0 +1,23 @@
+"""The code stays ruff- and mypy-clean (the project's own standard, enforced in CI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_ruff_clean():
+    result = run("ruff", "check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_clean():
+    result = run("mypy", "npuw_kv")
+    assert result.returncode == 0, result.stdout + result.stderr
