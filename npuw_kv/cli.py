@@ -20,7 +20,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="MAX_PROMPT_LEN (1024)")
     parser.add_argument("--min-response-len", type=int, default=None, help="MIN_RESPONSE_LEN (128)")
     parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (256)")
-    parser.add_argument("--kv-precision", choices=["f32", "f16"], default=None)
+    parser.add_argument("--kv-precision", choices=["auto", "f32", "f16", "bf16"], default=None)
     parser.add_argument(
         "--exact",
         action="store_true",

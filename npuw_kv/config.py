@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 DEVICES = ("CPU", "NPU")
-KV_PRECISIONS = ("f32", "f16")
+KV_PRECISIONS = ("auto", "f32", "f16", "bf16")
 KV_BINDINGS = ("roi", "copy")
 
 # alias (upper case) -> field name
@@ -75,7 +75,7 @@ class PipelineConfig:
     max_prompt_len: int = 1024
     min_response_len: int = 128
     prefill_chunk_size: int = 256
-    kv_precision: str = "f32"
+    kv_precision: str = "auto"
     kv_binding: str = "roi"
     static_models: bool | None = None
     npuw_devices: str = "CPU"

@@ -9,12 +9,14 @@ import openvino as ov
 from .config import PipelineConfig
 from .model.source import resolve_model
 from .model.variants import StaticShapes, prepare, read_ir
+from .runtime.compile import resolve_kv_precision
 
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     cfg = PipelineConfig.from_kwargs(device, **config)
     model_dir = resolve_model(model)
-    _, layout = prepare(read_ir(ov.Core(), model_dir), cfg.kv_precision)
+    core = ov.Core()
+    _, layout = prepare(read_ir(core, model_dir), resolve_kv_precision(core, cfg))
     shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.total_len)
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
@@ -24,7 +26,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         f"layers           {layout.num_layers}",
         f"kv heads         {layout.num_kv_heads}",
         f"head_dim         {layout.head_dim}",
-        f"kv dtype         {layout.dtype}",
+        f"kv precision     {layout.precision}",
         "attention window "
         + ", ".join("full" if w is None else str(w) for w in windows)
         + " (per layer: "

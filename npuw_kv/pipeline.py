@@ -20,7 +20,7 @@ import openvino_genai
 from .config import PipelineConfig
 from .model.source import resolve_model
 from .model.variants import StaticShapes, prepare, read_ir
-from .runtime.compile import compile_requests
+from .runtime.compile import compile_requests, resolve_kv_precision
 from .runtime.engine import StaticRunner
 from .sampling import GenerationConfig, Sampler
 
@@ -59,7 +59,8 @@ class LLMPipeline:
         self.config = PipelineConfig.from_kwargs(device, **config)
         self.model_dir = resolve_model(model)
         self.core = ov.Core()
-        prepared, layout = prepare(read_ir(self.core, self.model_dir), self.config.kv_precision)
+        kv_precision = resolve_kv_precision(self.core, self.config)
+        prepared, layout = prepare(read_ir(self.core, self.model_dir), kv_precision)
         self.layout = layout
         self.shapes = StaticShapes(
             self.config.prefill_chunk_size, self.config.max_prompt_len, self.config.total_len
@@ -192,7 +193,7 @@ class LLMPipeline:
             "kv_bytes_allocated": runner.cache.bytes_allocated,
             "kv_capacity_tokens": runner.cache.capacity,
             "kv_bytes_per_token": runner.cache.bytes_per_token(),
-            "kv_dtype": str(runner.cache.dtype),
+            "kv_precision": runner.cache.precision,
             "tokens_in_cache": runner.tokens_in_cache,
             "kv_binding": runner.kv_binding,
             "shared_weights": runner.requests.shared_weights,

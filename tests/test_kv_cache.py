@@ -10,7 +10,7 @@ from npuw_kv.kv.copy import CopyCounter, safe_copy
 
 
 def make_cache(capacity=10):
-    return SharedKVCache([KVSpec("k0", 3, 4), KVSpec("v0", 3, 4)], capacity, np.float32)
+    return SharedKVCache([KVSpec("k0", 3, 4), KVSpec("v0", 3, 4)], capacity, "f32")
 
 
 def test_views_alias_the_buffer_and_are_strided():

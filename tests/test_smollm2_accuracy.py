@@ -82,3 +82,23 @@ def test_kv_capacity_ends_with_length(smol_dir, text_ids):
     assert len(ids) + len(result.tokens) == pipe.shapes.total_len + 1
     again = pipe.generate(text_ids(5), max_new_tokens=3, ignore_eos=True)
     assert len(again.tokens) == 3
+
+
+def test_auto_kv_precision_is_lossless_at_device_defaults(smol_dir, text_ids):
+    """``auto`` stores KV in the CPU's compute precision (bf16 where the CPU has it)."""
+    import openvino as ov
+
+    from npuw_kv.pipeline import LLMPipeline
+
+    shapes = dict(prefill_chunk_size=CHUNK, max_prompt_len=512, min_response_len=32)
+    auto = LLMPipeline(smol_dir, "CPU", **shapes)
+    f32 = LLMPipeline(smol_dir, "CPU", kv_precision="f32", **shapes)
+    has_bf16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    assert auto.kv_stats()["kv_precision"] == ("bf16" if has_bf16 else "f32")
+    ids = text_ids(CHUNK + 40)
+    a = auto.generate(ids, max_new_tokens=16, ignore_eos=True)
+    b = f32.generate(ids, max_new_tokens=16, ignore_eos=True)
+    assert a.tokens == b.tokens
+    assert float(np.abs(a.first_logits - b.first_logits).max()) == 0.0
+    if has_bf16:
+        assert auto.kv_stats()["kv_bytes_allocated"] * 2 == f32.kv_stats()["kv_bytes_allocated"]

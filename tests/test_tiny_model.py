@@ -104,13 +104,15 @@ def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):
     assert (copied > 0) == (extra.get("kv_binding") == "copy")
 
 
-def test_tiny_f16_kv_stays_close(tiny_dir):
+@pytest.mark.parametrize(("precision", "bound"), [("f16", 0.05), ("bf16", 0.3)])
+def test_tiny_half_precision_kv_stays_close(tiny_dir, precision, bound):
     kwargs = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=40, **EXACT_F32)
     f32 = LLMPipeline(tiny_dir, "CPU", **kwargs)
-    f16 = LLMPipeline(tiny_dir, "CPU", kv_precision="f16", **kwargs)
+    f16 = LLMPipeline(tiny_dir, "CPU", kv_precision=precision, **kwargs)
     ids = (np.arange(50, dtype=np.int64) * 31 + 7) % 49000 + 100
     a = f32.generate(ids, max_new_tokens=8, ignore_eos=True)
     b = f16.generate(ids, max_new_tokens=8, ignore_eos=True)
     assert f16.kv_stats()["kv_bytes_allocated"] * 2 == f32.kv_stats()["kv_bytes_allocated"]
     delta = float(np.abs(a.first_logits - b.first_logits).max())
-    assert 0 < delta < 0.05  # f16 storage rounds, but only slightly
+    print(f"{precision} KV: max |dlogit| {delta:.2e}")
+    assert 0 < delta < bound  # storage rounds (f32 compute here), but only slightly

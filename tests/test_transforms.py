@@ -34,7 +34,7 @@ def test_layout_pairs_ports_by_structure_not_names(smol_model):
     T.make_stateless(smol_model)
     layout = discover_layout(smol_model)
     assert (layout.num_layers, layout.num_kv_heads, layout.head_dim) == (30, 3, 64)
-    assert layout.dtype == np.float32
+    assert layout.precision == "f32"
     # the converted IR names V outputs "present.{i}.key": names alone would mis-pair them
     value_port = next(p for p in layout.ports if p.kind == "value")
     assert "key" in smol_model.outputs[value_port.output_index].get_any_name()
@@ -62,7 +62,7 @@ def test_static_pair_shapes(smol_model):
 
 def test_kv_precision_f16(smol_model):
     model, layout = prepare(smol_model, kv_precision="f16")
-    assert layout.dtype == np.float16
+    assert layout.precision == "f16"
     params = {p.get_friendly_name(): p for p in model.get_parameters()}
     assert params["past_key_values.3.value"].get_element_type() == ov.Type.f16
     assert model.outputs[layout.ports[7].output_index].get_element_type() == ov.Type.f16

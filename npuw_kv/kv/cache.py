@@ -14,6 +14,14 @@ import openvino as ov
 
 SEQ_AXIS = 2
 
+# precision -> (numpy storage dtype, OpenVINO element type). numpy has no bfloat16, so bf16
+# rows are stored as uint16 bit patterns and typed bf16 only in the ov.Tensor wrappers.
+KV_STORAGE: dict[str, tuple[type[np.generic], ov.Type]] = {
+    "f32": (np.float32, ov.Type.f32),
+    "f16": (np.float16, ov.Type.f16),
+    "bf16": (np.uint16, ov.Type.bf16),
+}
+
 
 @dataclass(frozen=True)
 class KVSpec:
@@ -27,18 +35,26 @@ class KVSpec:
 class SharedKVCache:
     """Per-layer K/V buffers of a fixed token capacity, plus the views into them."""
 
-    def __init__(self, specs: list[KVSpec], capacity: int, dtype: np.dtype | str) -> None:
+    def __init__(self, specs: list[KVSpec], capacity: int, precision: str = "f32") -> None:
         if capacity <= 0:
             raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
+        if precision not in KV_STORAGE:
+            raise ValueError(f"KV precision {precision!r} not in {sorted(KV_STORAGE)}")
         self.capacity = capacity
-        self.dtype = np.dtype(dtype)
+        self.precision = precision
+        self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
+        self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
         self.buffers: dict[str, np.ndarray] = {
             s.name: np.zeros((1, s.num_heads, capacity, s.head_dim), self.dtype) for s in specs
         }
-        self._parents = {
-            name: ov.Tensor(buf, shared_memory=True) for name, buf in self.buffers.items()
-        }
+        self._parents = {name: self.tensor(buf) for name, buf in self.buffers.items()}
+
+    def tensor(self, array: np.ndarray) -> ov.Tensor:
+        """An ``ov.Tensor`` of the cache's element type sharing ``array``'s memory."""
+        if array.dtype != self.dtype:
+            raise TypeError(f"KV storage is {self.dtype}, got {array.dtype}")
+        return ov.Tensor(array, list(array.shape), self.element_type)
 
     @property
     def bytes_allocated(self) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-import numpy as np
 import openvino as ov
 
 _PAST_RE = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
@@ -32,7 +31,7 @@ class KVPort:
     num_heads: int
     head_dim: int
     seq_axis: int
-    dtype: np.dtype
+    precision: str  # "f32", "f16" or "bf16": the element type of the KV input / output
 
 
 @dataclass(frozen=True)
@@ -56,16 +55,15 @@ class KVLayout:
         return self.ports[0].head_dim
 
     @property
-    def dtype(self) -> np.dtype:
-        return self.ports[0].dtype
+    def precision(self) -> str:
+        return self.ports[0].precision
 
-    def with_dtype(self, dtype: np.dtype | str) -> KVLayout:
-        """The same layout with the cache stored as ``dtype`` (after set_kv_precision)."""
-        ports = tuple(replace(p, dtype=np.dtype(dtype)) for p in self.ports)
-        return replace(self, ports=ports)
+    def with_precision(self, precision: str) -> KVLayout:
+        """The same layout with the cache stored as ``precision`` (after set_kv_precision)."""
+        return replace(self, ports=tuple(replace(p, precision=precision) for p in self.ports))
 
-    def bytes_per_token(self, dtype: np.dtype | None = None) -> int:
-        itemsize = np.dtype(dtype or self.dtype).itemsize
+    def bytes_per_token(self) -> int:
+        itemsize = 4 if self.precision == "f32" else 2
         return sum(p.num_heads * p.head_dim * itemsize for p in self.ports)
 
 
@@ -123,7 +121,7 @@ def discover_layout(model: ov.Model) -> KVLayout:
                 num_heads=heads.get_length(),
                 head_dim=head_dim.get_length(),
                 seq_axis=axis,
-                dtype=np.dtype(param.get_element_type().to_dtype()),
+                precision=param.get_element_type().get_type_name(),
             )
         )
     if not ports:

@@ -53,7 +53,7 @@ def prepare(model: ov.Model, kv_precision: str = "f32") -> tuple[ov.Model, KVLay
     T.fold_gqa_into_attention(model)
     if kv_precision != "f32":
         T.set_kv_precision(model, layout, kv_precision)
-        layout = layout.with_dtype({"f16": "float16"}[kv_precision])
+        layout = layout.with_precision(kv_precision)
     return model, layout
 
 

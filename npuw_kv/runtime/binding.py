@@ -59,8 +59,8 @@ class KVBinding:
                 new = np.zeros((1, spec.num_heads, new_tokens, spec.head_dim), cache.dtype)
                 self._staging_in[port.name] = past
                 self._staging_out[port.name] = new
-                request.set_tensor(port.name, ov.Tensor(past, shared_memory=True))
-                request.set_output_tensor(port.output_index, ov.Tensor(new, shared_memory=True))
+                request.set_tensor(port.name, cache.tensor(past))
+                request.set_output_tensor(port.output_index, cache.tensor(new))
 
     def reset(self) -> None:
         """Forget what the staging holds (a new prompt rewrites the cache)."""
@@ -94,7 +94,7 @@ class KVBinding:
         if name not in self._scratch:
             spec = self.cache.specs[name]
             shape = (1, spec.num_heads, self.new_tokens, spec.head_dim)
-            self._scratch[name] = ov.Tensor(np.zeros(shape, self.cache.dtype))
+            self._scratch[name] = self.cache.tensor(np.zeros(shape, self.cache.dtype))
         return self._scratch[name]
 
     def after(self, write_slots: tuple[int, int]) -> None:

@@ -36,6 +36,30 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
     return config.device, props
 
 
+def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
+    """``auto``: store KV in the precision the device computes it in.
+
+    The CPU plugin with a bf16 (or f16) inference precision produces K/V in that type and
+    converts them to f32 only at the output, and converts f32 inputs back on every step; storing
+    them as bf16 is therefore lossless (bit-identical logits, tested) and halves the cache and
+    the per-step conversions.  Elsewhere ``auto`` means f32.
+    """
+    if config.kv_precision != "auto":
+        return config.kv_precision
+    if config.device != "CPU":
+        return "f32"
+    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
+    if hint is None:
+        hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
+    name = hint.get_type_name() if isinstance(hint, ov.Type) else str(hint).lower()
+    precision = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}.get(
+        name, "f32"
+    )
+    # a hint the hardware cannot honour falls back to f32 compute: then only f32 is lossless
+    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return precision if precision.upper() in capabilities or precision == "f32" else "f32"
+
+
 def compile_requests(
     core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
 ) -> Requests:

@@ -31,7 +31,7 @@ class StaticRunner:
         specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
         # TOTAL-1 slots: the generate past input is then the whole buffer (contiguous); the KV of
         # the TOTAL-th token is never read, so the last step writes it to a scratch tensor.
-        self.cache = SharedKVCache(specs, shapes.generate_past, layout.dtype)
+        self.cache = SharedKVCache(specs, shapes.generate_past, layout.precision)
         self.copied = CopyCounter()
         ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
         # One compiled model serving both shapes (CPU) runs both requests on one internal graph;
