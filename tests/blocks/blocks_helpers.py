@@ -63,3 +63,73 @@ def rows(mgr: KVBlockManager, seq_id: object, window: int, start: int, stop: int
     return np.stack(
         [store[table[p // g.tokens_per_block], p % g.tokens_per_block] for p in range(start, stop)]
     )
+
+
+MASK = 0xFFFFFFFF
+
+
+def fingerprints(tokens: Sequence[int], start_hash: int = 0) -> list[int]:
+    """Rolling hash of each prefix: what the KV row at that position depends on."""
+    out, h = [], start_hash
+    for t in tokens:
+        h = ((h * 1_000_003) ^ (t + 7)) & MASK
+        out.append(h)
+    return out
+
+
+def row_bytes(fp: int, width: int) -> np.ndarray:
+    return np.resize(np.frombuffer(fp.to_bytes(4, "little"), dtype=np.uint8), width)
+
+
+def write_prefix_rows(
+    mgr: KVBlockManager, seq_id: object, tokens: Sequence[int], start: int
+) -> None:
+    """Like a runtime: write rows [start, len(tokens)) with their prefix fingerprints."""
+    fps = fingerprints(tokens)
+    for w, g in mgr.groups.items():
+        table = mgr.block_table(seq_id, w)
+        store = mgr.storage(w)
+        tpb = g.tokens_per_block
+        for p in range(start, len(tokens)):
+            assert table[p // tpb] >= 0, f"window {w}: row {p} is in a detached slot"
+            store[table[p // tpb], p % tpb] = row_bytes(fps[p], g.bytes_per_token)
+
+
+def check_read_rows(mgr: KVBlockManager, seq_id: object, tokens: Sequence[int], n_old: int) -> None:
+    """The rows a call starting at ``n_old`` reads (its first token's window) hold its tokens.
+
+    This is what a prefix hit hands out: a wrong byte here is a silently wrong answer.
+    """
+    fps = fingerprints(tokens)
+    for w, g in mgr.groups.items():
+        table = mgr.block_table(seq_id, w)
+        store = mgr.storage(w)
+        tpb = g.tokens_per_block
+        for p in range(max(0, n_old - w + 1), n_old):
+            slot = table[p // tpb]
+            assert slot >= 0, f"window {w}: row {p} is read at {n_old} but detached"
+            assert np.array_equal(store[slot, p % tpb], row_bytes(fps[p], g.bytes_per_token)), (
+                f"window {w}: row {p} read at {n_old} tokens holds another token's bytes"
+            )
+
+
+def check_tree_bytes(mgr: KVBlockManager) -> int:
+    """Every cached block holds the fingerprints of its tree path; returns blocks checked."""
+    checked = 0
+    for w, wm in mgr.windows.items():
+        if wm.tree is None:
+            continue
+        width = wm.group.bytes_per_token
+        stack = [(child, 0) for child in wm.tree.root.children.values()]
+        while stack:
+            node, h = stack.pop()
+            fps = fingerprints(node.key, h)
+            if node.block is not None:
+                data = wm.pools[node.block.pool].store[node.block.slot]
+                for i, fp in enumerate(fps):
+                    assert np.array_equal(data[i], row_bytes(fp, width)), (
+                        f"window {w}: cached block at depth {node.depth} has wrong bytes"
+                    )
+                checked += 1
+            stack.extend((c, fps[-1]) for c in node.children.values())
+    return checked

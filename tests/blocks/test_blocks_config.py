@@ -9,6 +9,7 @@ import pytest
 from npuw_kv.kv.blocks import (
     BlockManagerConfig,
     BudgetTooSmallError,
+    ConfigError,
     KVBlockManager,
     LayerSpec,
     SharesError,
@@ -141,19 +142,47 @@ def test_budget_too_small_says_how_much_is_needed() -> None:
         max_seq_len=1024,
         kv_budget_bytes=20_000,
         tokens_per_block=16,
+        max_tokens_per_call=1,
     )
     with pytest.raises(BudgetTooSmallError) as info:
         KVBlockManager(cfg, env={})
     msg = str(info.value)
     # full window: 1024/16 = 64 blocks of 16*32 bytes = 32768 bytes at share 0.5 -> 65536
     assert "window 1024" in msg and "needs 64 blocks" in msg and "65536 bytes" in msg
-    assert "raise kv_budget_bytes" in msg
+    assert "raise kv_budget_bytes" in msg and "max_tokens_per_call" in msg
     ok = BlockManagerConfig(
         uniform_layers([64, None], 1, 8),
         max_seq_len=1024,
         kv_budget_bytes=65536,
         tokens_per_block=16,
+        max_tokens_per_call=1,
     )
     mgr = KVBlockManager(ok, env={})
     # the SWA window needs only its window plus one block (grown a token at a time)
     assert mgr.groups[64].min_blocks_per_seq == 64 // 16 + 1
+
+
+def test_budget_check_is_sized_for_max_tokens_per_call() -> None:
+    """A call holds all its blocks until the next one, so the minimum grows with the chunk."""
+    base = {"max_seq_len": 1024, "kv_budget_bytes": 1 << 20, "tokens_per_block": 16}
+    layers = uniform_layers([64, None], 1, 8)
+    by_chunk = {
+        c: KVBlockManager(BlockManagerConfig(layers, max_tokens_per_call=c, **base), env={})
+        for c in (1, 16, 100, 512, 4096)
+    }
+    # window + chunk tokens, block-aligned, +1 block for a chunk straddling a boundary
+    assert [m.groups[64].min_blocks_per_seq for m in by_chunk.values()] == [5, 6, 12, 37, 64]
+    assert by_chunk[4096].groups[64].max_tokens_per_call == 1024  # capped at max_seq_len
+    assert BlockManagerConfig(layers, **base).max_tokens_per_call == 512  # default
+    small = BlockManagerConfig(
+        layers,
+        max_seq_len=1024,
+        kv_budget_bytes=2 * 64 * 512 + 2 * 5 * 512,
+        tokens_per_block=16,
+        window_size_shares=[5 / 69, 64 / 69],
+    )
+    with pytest.raises(BudgetTooSmallError, match="added 512 tokens a call at most"):
+        KVBlockManager(small, env={})
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ConfigError, match=f"max_tokens_per_call={bad!r} must be an integer"):
+            KVBlockManager(BlockManagerConfig(layers, max_tokens_per_call=bad, **base), env={})

@@ -9,7 +9,7 @@ from npuw_kv.kv.blocks import PoolKind
 
 def test_detach_at_exact_token_counts() -> None:
     # window 8, 4 tokens per block: detach while n - detached*4 >= 8 + 4
-    mgr = build([8, None], [6, 20], max_seq_len=40, tpb=4)
+    mgr = build([8, None], [6, 20], max_seq_len=40, tpb=4, max_tokens_per_call=1)
     mgr.add_sequence("s", [1])
     seen = {}
     for n in range(2, 41):
@@ -30,7 +30,7 @@ def test_detach_at_exact_token_counts() -> None:
 
 
 def test_detached_block_refcount_drops_and_is_reclaimable() -> None:
-    mgr = build([4, None], [4, 16], max_seq_len=16, tpb=2)
+    mgr = build([4, None], [5, 16], max_seq_len=16, tpb=2, max_tokens_per_call=5)
     wm = mgr.windows[4]
     mgr.add_sequence("a", [1, 2, 3, 4, 5])
     first = wm.seqs[0].table[0]
@@ -59,7 +59,7 @@ def test_a_multi_token_call_keeps_what_its_first_token_reads() -> None:
 
 
 def test_detached_block_offloaded_to_host_when_reclaimed() -> None:
-    mgr = build([4, None], [4, 16], max_seq_len=16, tpb=2, host=[2, 8])
+    mgr = build([4, None], [4, 16], max_seq_len=16, tpb=2, host=[2, 8], max_tokens_per_call=2)
     wm = mgr.windows[4]
     mgr.add_sequence("a", [1])
     for t in range(2, 9):
@@ -75,7 +75,7 @@ def test_detached_block_offloaded_to_host_when_reclaimed() -> None:
 
 def test_long_prompt_added_in_chunks_holds_window_plus_chunk() -> None:
     # SWA-8, tpb 2, prompt of 60 tokens added as lookup + chunks of 6 (the runtime protocol)
-    mgr = build([8, None], [12, 40], max_seq_len=64, tpb=2)
+    mgr = build([8, None], [12, 40], max_seq_len=64, tpb=2, max_tokens_per_call=6)
     prompt = list(range(60))
     hit = mgr.lookup(prompt).hit_tokens
     assert mgr.add_sequence("p", prompt[: hit + 6]) == hit == 0

@@ -85,9 +85,14 @@ def test_out_of_blocks_leaves_manager_unchanged(mgr: KVBlockManager) -> None:
     before = _state(mgr)
     with pytest.raises(OutOfBlocksError, match="window 16 needs 4 free primary blocks") as info:
         mgr.add_sequence("more", list(range(20, 27)))
-    assert "remove a sequence, raise kv_budget_bytes" in str(info.value)
+    msg = str(info.value)
+    assert "remove a sequence, or raise kv_budget_bytes" in msg
+    assert "only 2 are reclaimable (10 are held by 2 live sequences)" in msg
+    assert "a call adding at most 4 tokens fits now" in msg  # 2 blocks of 2 tokens
     assert _state(mgr) == before
     mgr.check_invariants()
+    mgr.add_sequence("fits", list(range(20, 24)))  # ... and it does
+    mgr.remove_sequence("fits")
     mgr.remove_sequence("big")
     mgr.add_sequence("more", list(range(20, 27)))  # fits once blocks are back
     mgr.check_invariants()

@@ -54,8 +54,8 @@ def test_tree_keys_chain_hashes_with_parent() -> None:
 
 
 def _swa_tight() -> KVBlockManager:
-    # SWA-4 with tpb 2 holds at most 3 live blocks; a pool of 4 leaves one spare
-    return build([4, None], [4, 20], max_seq_len=16, tpb=2)
+    # SWA-4 with tpb 2 holds at most 3 live blocks a token at a time, 4 with 4-token calls
+    return build([4, None], [4, 20], max_seq_len=16, tpb=2, max_tokens_per_call=4)
 
 
 def _grow_token_by_token(mgr: KVBlockManager, sid: str, tokens: list[int]) -> None:

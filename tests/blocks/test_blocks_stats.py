@@ -6,7 +6,7 @@ from blocks_helpers import build
 
 
 def test_hits_misses_rate_free_blocks_and_bytes() -> None:
-    mgr = build([4, None], [6, 12], max_seq_len=16, tpb=2, host=[2, 4])
+    mgr = build([4, None], [6, 12], max_seq_len=16, tpb=2, host=[2, 4], max_tokens_per_call=8)
     st = mgr.stats()
     assert st.windows[4].primary_free == 6 and st.windows[16].primary_free == 12
     assert st.windows[4].host_free == 2 and st.windows[16].host_free == 4

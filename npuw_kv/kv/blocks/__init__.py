@@ -29,6 +29,7 @@ from .config import (
 from .errors import (
     BlockManagerError,
     BudgetTooSmallError,
+    ChunkTooLargeError,
     ConfigError,
     InvalidTokensError,
     OutOfBlocksError,
@@ -50,6 +51,7 @@ __all__ = [
     "BlockManagerConfig",
     "BlockManagerError",
     "BudgetTooSmallError",
+    "ChunkTooLargeError",
     "ConfigError",
     "InvalidTokensError",
     "KVBlock",

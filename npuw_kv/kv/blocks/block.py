@@ -1,7 +1,8 @@
 """One KV cache block: the unit the pools hand out, the tree caches and the policy evicts.
 
 A block object is a *logical* block: its identity (tree node, refcount, priority, last owner)
-stays with it when its bytes move between the primary and the host pool. Offload and onboard
+stays with it when its bytes move between the primary and the host pool (so does ``gen``:
+moving bytes does not change them). Offload and onboard
 swap the physical location (``pool``, ``slot``) of two block objects after copying the bytes,
 so a cached block keeps its place in the reuse tree wherever its bytes live.
 
@@ -48,6 +49,9 @@ class KVBlock:
     node: TreeNode | None = None
     #: level in its pool's eviction queue, ``None`` while not reclaimable (in use or pinned)
     queue_level: int | None = None
+    #: bumped each time the free-block path hands the block out (its bytes get overwritten);
+    #: a table slot remembers the generation it took, so a stale slot is never stored
+    gen: int = 0
 
     @property
     def block_hash(self) -> int | None:
@@ -63,5 +67,5 @@ class KVBlock:
         return (
             f"KVBlock(id={self.block_id}, {self.pool.value}[{self.slot}], ref={self.ref_count}, "
             f"prio={self.priority}, owner={self.last_owner}, cached={self.node is not None}, "
-            f"level={self.queue_level})"
+            f"level={self.queue_level}, gen={self.gen})"
         )

@@ -15,9 +15,15 @@ Choices where issue 4 is silent (a user of a real inference engine would expect 
 - Pool size = ``floor(budget * share / (bytes_per_token * tokens_per_block))`` blocks, per part.
 - ``max_tokens`` caps a single-window pool at ``ceil(max_tokens / tpb)`` blocks; with several
   windows it is ignored with a warning (shares and budget decide, as in TensorRT-LLM).
-- A window whose pool cannot hold one ``max_seq_len`` sequence (grown a token at a time, so an
-  SWA window needs only about ``(window + tpb) / tpb`` blocks) is rejected at construction with
-  the bytes needed.
+- ``max_tokens_per_call`` (default 512, vLLM's classic chunked-prefill size) bounds the tokens
+  one call may add (``add_sequence`` counts the tokens after the prefix hit). A call holds all
+  the blocks its tokens need until the next call (see ``sequence.py``), so the budget check
+  must know the largest call: with it, the check can promise that one sequence of
+  ``max_seq_len`` tokens, added in calls of at most that many tokens, fits an empty manager.
+  An SWA window then needs about ``(window + max_tokens_per_call) / tpb + 1`` blocks; lower the
+  setting for a smaller budget, raise it (up to ``max_seq_len``) to add whole prompts at once.
+- A window whose pool cannot hold one such sequence is rejected at construction with the bytes
+  needed.
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ class BlockManagerConfig:
     default_priority: int = DEFAULT_PRIORITY
     #: victims with priority >= this are offloaded to the host pool when it has room
     offload_min_priority: int = DEFAULT_PRIORITY
+    #: most tokens one call may add (the prefill chunk); the budget check is sized for it
+    max_tokens_per_call: int = 512
 
 
 def uniform_layers(
@@ -86,6 +94,8 @@ class WindowGroup:
     is_swa: bool
     max_blocks_per_seq: int
     min_blocks_per_seq: int
+    #: ``min(max_tokens_per_call, max_seq_len)``: the chunk ``min_blocks_per_seq`` is sized for
+    max_tokens_per_call: int
     share: float
     primary_blocks: int
     host_blocks: int
@@ -153,6 +163,12 @@ def _validate(cfg: BlockManagerConfig) -> np.dtype:
         raise ConfigError(f"tokens_per_block={cfg.tokens_per_block} must be >= 1")
     if cfg.kv_budget_bytes < 0 or cfg.host_budget_bytes < 0:
         raise ConfigError("kv_budget_bytes and host_budget_bytes must be >= 0")
+    mtpc = cfg.max_tokens_per_call
+    if isinstance(mtpc, bool) or not isinstance(mtpc, int | np.integer) or mtpc < 1:
+        raise ConfigError(
+            f"max_tokens_per_call={mtpc!r} must be an integer >= 1 (the most tokens one "
+            "add_sequence/add_tokens call adds; e.g. your prefill chunk size)"
+        )
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise ConfigError(f"max_tokens={cfg.max_tokens} must be >= 1 (or None)")
     check_priority(cfg.default_priority, "default_priority")
@@ -181,6 +197,7 @@ def plan_windows(
     """Group layers by window and size each window's pools; raise on an unusable budget."""
     dtype = _validate(cfg)
     tpb = cfg.tokens_per_block
+    chunk = min(int(cfg.max_tokens_per_call), cfg.max_seq_len)
     by_window: dict[int, list[int]] = {}
     for i, layer in enumerate(cfg.layers):
         w = cfg.max_seq_len if layer.window is None else layer.window
@@ -211,15 +228,16 @@ def plan_windows(
             primary = min(primary, cap)
         host = int(cfg.host_budget_bytes * share) // block_bytes
         is_swa = w < cfg.max_seq_len
-        needed = min_live_blocks(cfg.max_seq_len, w, tpb)
+        needed = min_live_blocks(cfg.max_seq_len, w, tpb, chunk)
         if primary < needed:
             total = math.ceil(needed * block_bytes / share) if share > 0 else None
             need_txt = f"{total} bytes of kv_budget_bytes" if total else "a share above 0"
             raise BudgetTooSmallError(
                 f"budget of {cfg.kv_budget_bytes} bytes (share {share:.3f}) holds {primary} "
-                f"blocks for window {w} but one sequence of max_seq_len {cfg.max_seq_len} needs "
-                f"{needed} blocks of {block_bytes} bytes (needs {need_txt}); raise "
-                "kv_budget_bytes, give this window a larger share, or lower max_seq_len"
+                f"blocks for window {w} but one sequence of max_seq_len {cfg.max_seq_len}, added "
+                f"{chunk} tokens a call at most (max_tokens_per_call), needs {needed} blocks of "
+                f"{block_bytes} bytes (needs {need_txt}); raise kv_budget_bytes, give this "
+                "window a larger share, lower max_tokens_per_call, or lower max_seq_len"
             )
         groups.append(
             WindowGroup(
@@ -233,6 +251,7 @@ def plan_windows(
                 is_swa=is_swa,
                 max_blocks_per_seq=blocks_for(cfg.max_seq_len, tpb) + (1 if is_swa else 0),
                 min_blocks_per_seq=needed,
+                max_tokens_per_call=chunk,
                 share=share,
                 primary_blocks=primary,
                 host_blocks=host,

@@ -36,6 +36,10 @@ class SequenceExistsError(BlockManagerError, ValueError):
     """``add_sequence`` was called with an id that is still live."""
 
 
+class ChunkTooLargeError(BlockManagerError, ValueError):
+    """One call would add more tokens than ``max_tokens_per_call`` (the budget check's chunk)."""
+
+
 class OutOfBlocksError(BlockManagerError, ValueError):
     """Not enough reclaimable primary blocks right now (live sequences hold them)."""
 

@@ -7,11 +7,14 @@ from the tree) sit at ``EMPTY_LEVEL`` so they go before any cached block.
 Priorities come from the request: one integer, or token ranges (``PriorityRange``) so that a
 system prompt can outlive the chat turns after it. A block takes the priority of the range that
 holds its first token; when several sequences share a block, the last one to release it decides.
+A priority may be any integer type (``int`` or a numpy integer, as a scheduler holding priorities
+in an array would pass); ``bool``, floats and strings are rejected with a ``ConfigError``.
 """
 
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,22 +40,27 @@ class PrioritySpec:
     ) -> None:
         self.default = default
         self.tpb = tokens_per_block
+        self.ranges: tuple[PriorityRange, ...] = ()
         if priority is None:
-            self.ranges: tuple[PriorityRange, ...] = ()
-        elif isinstance(priority, int):
-            check_priority(priority, "priority")
-            self.default = priority
-            self.ranges = ()
-        else:
-            ranges = tuple(priority)
-            for r in ranges:
-                check_priority(r.priority, "PriorityRange.priority")
-                if r.start < 0 or (r.end is not None and r.end < r.start):
-                    raise ConfigError(
-                        f"PriorityRange({r.start}, {r.end}) is not a token range; "
-                        "use 0 <= start <= end (end=None means to the end)"
-                    )
-            self.ranges = ranges
+            return
+        if not isinstance(priority, Sequence) or isinstance(priority, str | bytes):
+            self.default = check_priority(priority, "priority")
+            return
+        ranges = []
+        for r in priority:
+            if not isinstance(r, PriorityRange):
+                raise ConfigError(
+                    f"priority={priority!r}: {r!r} is not a PriorityRange; give an integer "
+                    "priority, a sequence of PriorityRange, or None"
+                )
+            prio = check_priority(r.priority, "PriorityRange.priority")
+            if r.start < 0 or (r.end is not None and r.end < r.start):
+                raise ConfigError(
+                    f"PriorityRange({r.start}, {r.end}) is not a token range; "
+                    "use 0 <= start <= end (end=None means to the end)"
+                )
+            ranges.append(PriorityRange(r.start, r.end, prio))
+        self.ranges = tuple(ranges)
 
     def for_block(self, index: int) -> int:
         """Priority of the block holding tokens ``[index*tpb, (index+1)*tpb)``."""
@@ -63,10 +71,24 @@ class PrioritySpec:
         return self.default
 
 
-def check_priority(value: int, what: str) -> None:
-    """Raise a ConfigError unless ``value`` is a valid priority."""
-    if not isinstance(value, int) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise ConfigError(f"{what}={value!r} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+def check_priority(value: int, what: str) -> int:
+    """Return ``value`` as a plain ``int``; raise a ConfigError unless it is a valid priority.
+
+    Any integer type is accepted (numpy integers included, via ``__index__``), so a priority
+    read from an array works; ``bool`` is refused because ``True`` as "priority 1" is a bug.
+    """
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        as_int = operator.index(value)
+    except TypeError:
+        raise ConfigError(
+            f"{what}={value!r} is not an integer; priorities are integers in "
+            f"[{MIN_PRIORITY}, {MAX_PRIORITY}]"
+        ) from None
+    if not MIN_PRIORITY <= as_int <= MAX_PRIORITY:
+        raise ConfigError(f"{what}={as_int} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+    return as_int
 
 
 class EvictionQueue:

@@ -3,6 +3,11 @@
 Cheap local checks sit where state changes (refcounts, queue membership); this module checks
 the global picture after an operation, for tests and for debugging a live engine. Each failure
 raises ``AssertionError`` with a message that names the window, the block and the rule.
+
+The manager never sees K/V values (the runtime writes them), so these checks cannot prove that
+a cached block holds its tokens' rows; they check the bookkeeping that guarantees it (a live
+slot's generation is current, sizes and refcounts add up). Tests that
+write token-derived bytes check the bytes themselves (``tests/blocks/test_blocks_stateful.py``).
 """
 
 from __future__ import annotations
@@ -54,10 +59,14 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
             _fail(wm, f"serial {serial}: table longer than max_blocks_per_seq")
         if seq.first_live * wm.tpb > max(0, n - wm.window) or seq.first_live > len(seq.table):
             _fail(wm, f"serial {serial}: detached {seq.first_live} blocks, in window of {n} tokens")
-        for b in seq.live():
+        if len(seq.gens) != len(seq.table):
+            _fail(wm, f"serial {serial}: {len(seq.gens)} generations for {len(seq.table)} slots")
+        for j, b in enumerate(seq.live(), start=seq.first_live):
             holders[b.block_id] += 1
             if b.pool is not PoolKind.PRIMARY:
                 _fail(wm, f"serial {serial} holds {b} which is not in the primary pool")
+            if not seq.holds_bytes(j):  # a held block was handed out: two writers, one row
+                _fail(wm, f"serial {serial}: live slot {j} holds {b} handed out again since")
     for b in wm.blocks:
         if b.ref_count < 0:
             _fail(wm, f"negative refcount on {b}")

@@ -17,6 +17,10 @@ Choices where issue 4 is silent:
   every live block (``-1`` for detached ones) and ``layer_view``/``storage`` give the bytes.
   Long prompts go in chunks (``lookup``, then ``add_sequence(id, prompt[:hit + C])``, then
   ``add_tokens`` per chunk) so SWA windows hold about ``window + C`` tokens, not the prompt.
+  ``C`` may not exceed ``max_tokens_per_call`` (``ChunkTooLargeError``): the budget check at
+  construction is sized for it, so one ``max_seq_len`` sequence always fits an empty manager.
+- ``OutOfBlocksError`` says the largest call that would fit right now, so a scheduler can
+  shrink the chunk instead of stalling.
 - Not thread-safe: one engine loop owns the manager (as in the reference schedulers).
 """
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -32,6 +36,7 @@ import numpy as np
 from .block import PoolKind
 from .config import BlockManagerConfig, WindowGroup, plan_windows
 from .errors import (
+    ChunkTooLargeError,
     InvalidTokensError,
     OutOfBlocksError,
     SequenceExistsError,
@@ -87,6 +92,7 @@ class KVBlockManager:
             for w, g in self.groups.items()
         }
         self.tpb = config.tokens_per_block
+        self.max_call = min(int(config.max_tokens_per_call), config.max_seq_len)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._removed: OrderedDict[Hashable, None] = OrderedDict()
         self._next_serial = 0
@@ -130,8 +136,19 @@ class KVBlockManager:
         self._check_length(seq_id, 0, len(ids))
         prio = PrioritySpec(priority, self.config.default_priority, self.tpb)
         k, matches = self._match(ids)
+        hit = k * self.tpb
+        if len(ids) - hit > self.max_call:
+            raise ChunkTooLargeError(
+                f"add_sequence({seq_id!r}) would add {len(ids) - hit} tokens after a {hit}-token "
+                f"prefix hit but max_tokens_per_call is {self.max_call}; add "
+                f"prompt[:{hit + self.max_call}] first and the rest with add_tokens in chunks of "
+                "at most max_tokens_per_call, or raise max_tokens_per_call (pools must then be "
+                "larger)"
+            )
         self._check_capacity(
-            seq_id, {w: wm.cost_of_add(matches[w], k, len(ids)) for w, wm in self.windows.items()}
+            seq_id,
+            lambda c: {w: wm.cost_of_add(matches[w], k, hit + c) for w, wm in self.windows.items()},
+            len(ids) - hit,
         )
         serial = self._next_serial
         self._next_serial += 1
@@ -150,12 +167,18 @@ class KVBlockManager:
         new = _as_tokens(tokens)
         n_old = len(seq.tokens)
         self._check_length(seq_id, n_old, n_old + len(new))
+        if len(new) > self.max_call:
+            raise ChunkTooLargeError(
+                f"add_tokens({seq_id!r}) adds {len(new)} tokens but max_tokens_per_call is "
+                f"{self.max_call}; split the call into chunks of at most that many tokens, or "
+                "raise max_tokens_per_call (pools must then be larger)"
+            )
         self._check_capacity(
             seq_id,
-            {
-                w: wm.cost_of_extend(seq.serial, n_old, n_old + len(new))
-                for w, wm in self.windows.items()
+            lambda c: {
+                w: wm.cost_of_extend(seq.serial, n_old, n_old + c) for w, wm in self.windows.items()
             },
+            len(new),
         )
         seq.tokens.extend(new)
         for wm in self.windows.values():
@@ -273,16 +296,39 @@ class KVBlockManager:
                 f"is {limit}; shorten the input or raise max_seq_len"
             )
 
-    def _check_capacity(self, seq_id: Hashable, costs: dict[int, int]) -> None:
-        for w, cost in costs.items():
-            avail = self.windows[w].available()
-            if cost > avail:
-                raise OutOfBlocksError(
-                    f"window {w} needs {cost} free primary blocks for sequence {seq_id!r} but "
-                    f"only {avail} are reclaimable ({len(self._seqs)} live sequences hold the "
-                    "rest); remove a sequence, raise kv_budget_bytes, or add a long prompt in "
-                    "chunks (SWA windows then hold only window + chunk tokens)"
-                )
+    def _check_capacity(
+        self, seq_id: Hashable, costs_for: Callable[[int], dict[int, int]], n_tokens: int
+    ) -> None:
+        """Raise unless every window can give what a call adding ``n_tokens`` tokens needs.
+
+        ``costs_for(c)`` is the per-window block cost of the same call adding ``c`` tokens
+        (non-decreasing in ``c``); the error reports the largest ``c`` that fits right now.
+        """
+        costs = costs_for(n_tokens)
+        short = [w for w, cost in costs.items() if cost > self.windows[w].available()]
+        if not short:
+            return
+        w = short[0]
+        cost, avail = costs[w], self.windows[w].available()
+        held = self.windows[w].primary.num_slots - avail
+        lo, hi = 0, n_tokens - 1  # largest c in [0, n_tokens) that fits every window
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if all(c <= self.windows[v].available() for v, c in costs_for(mid).items()):
+                lo = mid
+            else:
+                hi = mid - 1
+        fits = (
+            f"a call adding at most {lo} tokens fits now"
+            if lo
+            else "no call fits now, not even one token"
+        )
+        raise OutOfBlocksError(
+            f"window {w} needs {cost} free primary blocks for {n_tokens} tokens of sequence "
+            f"{seq_id!r} but only {avail} are reclaimable ({held} are held by "
+            f"{len(self._seqs)} live sequences); {fits}. Add fewer tokens per call, remove a "
+            "sequence, or raise kv_budget_bytes"
+        )
 
 
 def _copy_counters(wm: WindowManager) -> WindowCounters:

@@ -13,13 +13,21 @@ call. For one token per call (decoding) this is exactly the rule above, token by
 added in one call therefore holds all its blocks until the next call: add long prompts in chunks
 (``add_sequence(id, prompt[:hit + C])`` then ``add_tokens`` per chunk, with
 ``hit = lookup(prompt).hit_tokens``) and an SWA window holds about ``(window + C) / tpb + 1``
-blocks at a time.
+blocks at a time. ``max_tokens_per_call`` bounds ``C``, so the budget check at construction
+(``min_live_blocks``) can promise that one ``max_seq_len`` sequence always fits.
+
+Each table slot records the block's *generation* (``KVBlock.gen``, bumped every time the
+free-block path hands the block out). A detached slot whose generation no longer matches was
+overwritten by a later owner (possibly this very sequence, at another position), so its bytes
+are not the tokens of that slot and it must never be stored for reuse.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .block import KVBlock
 from .eviction import PrioritySpec
@@ -45,16 +53,19 @@ def live_after_call(n_from: int, n_to: int, window: int, tpb: int, detached: int
     return blocks_for(n_to, tpb) - detached_after(n_from + 1, window, tpb, detached)
 
 
-def min_live_blocks(max_seq_len: int, window: int, tpb: int) -> int:
-    """Fewest primary blocks that let one sequence reach ``max_seq_len`` (one token a call).
+def min_live_blocks(max_seq_len: int, window: int, tpb: int, chunk: int = 1) -> int:
+    """Fewest primary blocks that let one sequence reach ``max_seq_len`` on an empty manager.
 
-    Live count only rises when a new block starts, so checking block starts is enough.
+    Calls add at most ``chunk`` tokens each but may start at any length (a prefix hit, or
+    chunks of different sizes), so the peak is taken over every start ``n`` of a call:
+    ``blocks_for(min(n + chunk, max_seq_len)) - detached_after(n + 1)``. Before a call the
+    sequence has detached exactly what token ``n`` could not see (``detached_after`` is
+    monotone), and a hit of ``k`` blocks starts with the same detached count, so this is exact.
     """
-    peak = 0
-    for k in range(blocks_for(max_seq_len, tpb)):
-        n = k * tpb + 1
-        peak = max(peak, blocks_for(n, tpb) - detached_after(n, window, tpb, 0))
-    return peak
+    n = np.arange(max_seq_len, dtype=np.int64)  # tokens held before the call
+    held = -(-np.minimum(n + max(1, chunk), max_seq_len) // tpb)
+    detached = np.maximum(0, (n + 1 - window) // tpb)
+    return int((held - detached).max())
 
 
 def required_trailing_blocks(window: int, tpb: int) -> int:
@@ -72,6 +83,8 @@ class SeqBlocks:
     serial: int
     priorities: PrioritySpec
     table: list[KVBlock | None] = field(default_factory=list)
+    #: ``gens[i]``: generation of ``table[i]`` when this sequence took it (see module docstring)
+    gens: list[int] = field(default_factory=list)
     #: index of the first live block; slots before it are detached (or never claimed)
     first_live: int = 0
     #: False once another allocation overwrote one of its blocks (SWA: never stored then)
@@ -79,6 +92,20 @@ class SeqBlocks:
     #: full-attention groups store while filling: depth stored so far and the node there
     stored_depth: int = 0
     stored_node: TreeNode | None = None
+
+    def put(self, index: int, block: KVBlock) -> None:
+        """Place ``block`` at table slot ``index`` (appending if it is the next slot)."""
+        if index == len(self.table):
+            self.table.append(block)
+            self.gens.append(block.gen)
+        else:
+            self.table[index] = block
+            self.gens[index] = block.gen
+
+    def holds_bytes(self, index: int) -> bool:
+        """True while slot ``index`` still has the bytes this sequence wrote or claimed."""
+        block = self.table[index]
+        return block is not None and block.gen == self.gens[index]
 
     def live(self) -> list[KVBlock]:
         out: list[KVBlock] = []

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class KVCacheEvent:
-    """A block entered (``stored``) or left (``removed``) a window's reuse tree."""
+    """A block changed place in one window's cache.
+
+    ``kind`` is ``"stored"`` / ``"removed"`` (the block entered / left the reuse tree) or
+    ``"offloaded"`` / ``"onboarded"`` (its bytes moved primary -> host / host -> primary; it
+    keeps its place in the tree). A moved block that is not cached yet (a detached SWA block
+    its live sequence may still store) has ``block_hash == parent_hash == 0``.
+    """
 
     kind: str
     window_size: int

@@ -14,9 +14,15 @@ Choices where issue 4 is silent:
   block (a memcpy is far cheaper than recomputing the tokens). The tree keeps the original.
 - An SWA hit claims only the trailing ``ceil((window-1)/tpb)`` blocks before the hit point; the
   blocks before them are never read, so their slots start out detached.
-- The owner of a block (``last_owner``) is invalidated when the block is handed out again, by
-  any sequence including the owner itself: its bytes are overwritten, so the owner's chain can
-  no longer be stored whole. Claiming a cached block does not invalidate (bytes intact).
+- The owner of a block (``last_owner``) is invalidated when the block is handed out again to
+  another sequence: its bytes are overwritten, so the owner's chain can no longer be stored
+  whole. Claiming a cached block does not invalidate (bytes intact). ``last_owner`` alone is
+  not enough to decide what a sequence may store, though: a claim moves it without telling the
+  previous holder, and the owner may get its own detached block back at a new position. So
+  every hand-out bumps the block's generation and a slot is stored only while the generation
+  it recorded still matches (``SeqBlocks.holds_bytes``).
+- The empty block an onboard pushes to the host pool has no owner: it holds nobody's bytes,
+  so reusing it later must not invalidate the sequence that onboarded.
 - Full-attention groups store each block as it fills; if two sequences compute the same block,
   the first one stored stays cached and the other stays private.
 """
@@ -139,7 +145,7 @@ class WindowManager:
     ) -> None:
         """Start a sequence: claim the hit's blocks (pin first, then onboard/copy), write rest."""
         fl = self.first_live_for_hit(k)
-        seq = SeqBlocks(serial, priorities, table=[None] * k, first_live=fl)
+        seq = SeqBlocks(serial, priorities, table=[None] * k, gens=[-1] * k, first_live=fl)
         self.seqs[serial] = seq
         plan: list[tuple[int, KVBlock, str]] = []
         for j in range(fl, k):
@@ -159,19 +165,21 @@ class WindowManager:
                 copy_bytes(b, fresh, self.pools)
                 fresh.ref_count = 1
                 fresh.priority = priorities.for_block(j)
-                seq.table[j] = fresh
+                seq.put(j, fresh)
                 self.counters.copied_blocks += 1
                 continue
             if action == "onboard":
                 empty = self._take_free_primary(serial)
                 move_bytes(b, empty, self.pools)
+                empty.last_owner = None  # holds no one's bytes now (it must not invalidate us)
                 self.host.queue.push(empty, EMPTY_LEVEL)
                 self.counters.onboards += 1
+                self._emit_move("onboarded", b)
             if action != "share":
                 b.ref_count = 1
             b.last_owner = serial
             b.priority = priorities.for_block(j)
-            seq.table[j] = b
+            seq.put(j, b)
             self.counters.reused_blocks += 1
         if k and not self.group.is_swa:
             seq.stored_depth, seq.stored_node = k, match.path[k - 1]
@@ -192,10 +200,10 @@ class WindowManager:
             assert block is not None
             self._release(seq, block, idx, final=True)
         if self.tree is not None and swa:
-            for b in seq.table[: seq.first_live]:  # detached, kept for storing, now worthless
+            for j, b in enumerate(seq.table[: seq.first_live]):  # kept for storing, now worthless
                 if (
                     b is not None
-                    and b.last_owner == serial
+                    and seq.holds_bytes(j)
                     and b.node is None
                     and b.queue_level not in (None, EMPTY_LEVEL)
                 ):
@@ -212,7 +220,7 @@ class WindowManager:
             block = self._take_free_primary(seq.serial)
             block.ref_count = 1
             block.priority = seq.priorities.for_block(idx)
-            seq.table.append(block)
+            seq.put(idx, block)
             self.counters.allocated_blocks += 1
         if self.tree is not None and not self.group.is_swa:
             self._store_full(seq, tokens, n_to // self.tpb)
@@ -239,7 +247,7 @@ class WindowManager:
             and self.tree is not None
             and self.group.is_swa
             and seq.storable
-            and block.last_owner == seq.serial
+            and seq.holds_bytes(idx)
         )
         self.pools[block.pool].queue.push(block, block.priority if keep else EMPTY_LEVEL)
 
@@ -261,6 +269,7 @@ class WindowManager:
                 move_bytes(victim, empty, self.pools)
                 self.host.queue.push(victim, level)
                 self.counters.offloads += 1
+                self._emit_move("offloaded", victim)
                 victim = empty
             else:
                 self.host.queue.push(empty, EMPTY_LEVEL)
@@ -268,6 +277,7 @@ class WindowManager:
         else:
             self._reset(victim)
         victim.last_owner = serial
+        victim.gen += 1  # its bytes are about to be overwritten: older table slots go stale
         return victim
 
     def _worth_keeping(self, block: KVBlock) -> bool:
@@ -313,11 +323,20 @@ class WindowManager:
                 node.block is None
                 and b is not None
                 and b.node is None
-                and (b.last_owner == seq.serial or j >= seq.first_live)
+                and seq.holds_bytes(j)  # not handed out since: still this slot's tokens
             ):
                 self.tree.attach(node, b)
         seq.stored_depth, seq.stored_node = upto, node
         self.tree.prune(node)
+
+    def _emit_move(self, kind: str, block: KVBlock) -> None:
+        """Event for bytes moving between pools (hashes 0: a detached block not yet cached)."""
+        node = block.node
+        block_hash = parent_hash = 0
+        if node is not None:
+            block_hash = node.block_hash
+            parent_hash = node.parent.block_hash if node.parent is not None else 0
+        self._sink(KVCacheEvent(kind, self.window, block_hash, parent_hash, self.tpb))
 
     def _on_tree_event(self, kind: str, block_hash: int, parent_hash: int, n: int) -> None:
         if kind == "stored":
