@@ -122,6 +122,61 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _str_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401  (the report's plot)
+        from tqdm import tqdm
+    except ImportError:
+        raise SystemExit(
+            "npuw-kv accuracy needs tqdm and matplotlib: pip install 'npuw-kv[accuracy]'"
+        ) from None
+    from pathlib import Path
+
+    from .accuracy import report
+    from .accuracy.run import run_matrix
+    from .model.source import resolve_model
+
+    total = len(args.prompt_lens) * len(args.devices) * len(args.modes) * len(args.chunks)
+    bar = tqdm(total=total, desc="accuracy", unit="config", file=sys.stderr)
+
+    def progress(name: str) -> None:
+        bar.set_postfix_str(name)
+        bar.update(1)
+
+    results = run_matrix(
+        resolve_model(args.model),
+        args.prompt_lens,
+        args.new_tokens,
+        [d.upper() for d in args.devices],
+        args.modes,
+        args.chunks,
+        progress,
+        peer=not args.no_peer,
+    )
+    bar.close()
+    print(report.table(results))
+    command = "npuw-kv " + " ".join(sys.argv[1:]) if sys.argv[1:] else "npuw-kv accuracy"
+    for path in report.write(results, Path(args.out), command):
+        print(f"wrote {path}", file=sys.stderr)
+    failed = [r.name for r in results if not r.passed]
+    if failed:
+        print(f"outside tolerance: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npuw-kv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -157,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", default=None, help="also write the results to this file")
     bench.set_defaults(func=cmd_bench)
+    acc = sub.add_parser("accuracy", help="greedy agreement, |dlogit|, KL, perplexity vs f32 refs")
+    acc.add_argument("--model", "-m", default=None, help="IR dir, .gguf, or 'smollm2' (default)")
+    acc.add_argument("--prompt-lens", type=_int_list, default=[1024, 4096])
+    acc.add_argument("--new-tokens", type=int, default=64)
+    acc.add_argument("--devices", type=_str_list, default=["CPU", "NPU"])
+    acc.add_argument(
+        "--modes",
+        type=_str_list,
+        default=["exact"],
+        help="exact, copy, static, f16-kv, device-default",
+    )
+    acc.add_argument("--chunks", type=_int_list, default=[256])
+    acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")
+    acc.add_argument("--no-peer", action="store_true", help="skip NPUW's own LLM pipeline")
+    acc.set_defaults(func=cmd_accuracy)
     return parser
 
 

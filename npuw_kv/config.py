@@ -80,6 +80,7 @@ class PipelineConfig:
     static_models: bool | None = None
     npuw_devices: str = "CPU"
     num_threads: int = 0
+    full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
     compile_properties: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

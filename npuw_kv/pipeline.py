@@ -60,7 +60,9 @@ class LLMPipeline:
         self.model_dir = resolve_model(model)
         self.core = ov.Core()
         kv_precision = resolve_kv_precision(self.core, self.config)
-        prepared, layout = prepare(read_ir(self.core, self.model_dir), kv_precision)
+        prepared, layout = prepare(
+            read_ir(self.core, self.model_dir), kv_precision, self.config.full_prefill_logits
+        )
         self.layout = layout
         self.shapes = StaticShapes(
             self.config.prefill_chunk_size, self.config.max_prompt_len, self.config.total_len

@@ -43,13 +43,20 @@ def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
         raise ModelLoadError(f"cannot read {xml} as an OpenVINO IR ({exc})") from exc
 
 
-def prepare(model: ov.Model, kv_precision: str = "f32") -> tuple[ov.Model, KVLayout]:
-    """Stateless, GQA-broadcast fix, new-KV-only presents, last-position logits, KV dtype."""
+def prepare(
+    model: ov.Model, kv_precision: str = "f32", full_logits: bool = False
+) -> tuple[ov.Model, KVLayout]:
+    """Stateless, GQA-broadcast fix, new-KV-only presents, last-position logits, KV dtype.
+
+    ``full_logits`` keeps the LM head on every position (C x vocab per chunk): only for
+    measuring prompt perplexity, never for serving.
+    """
     T.make_stateless(model)
     T.fix_gqa_broadcast(model)
     layout = discover_layout(model)
     T.redirect_present_to_new_kv(model, layout)
-    T.logits_for_last_position(model, layout)
+    if not full_logits:
+        T.logits_for_last_position(model, layout)
     T.fold_gqa_into_attention(model)
     if kv_precision != "f32":
         T.set_kv_precision(model, layout, kv_precision)

@@ -6,6 +6,8 @@ logits, not text (that is :mod:`npuw_kv.pipeline`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..kv.cache import KVSpec, SharedKVCache
@@ -76,11 +78,19 @@ class StaticRunner:
         request.set_tensor("attention_mask", _tensor(inputs.attention_mask))
         request.infer()
         binding.after(inputs.write_slots)
-        return request.get_output_tensor(self.layout.logits_output_index).data.reshape(-1)
+        logits = request.get_output_tensor(self.layout.logits_output_index).data
+        return logits.reshape(-1, logits.shape[-1])  # [rows, vocab]: 1 row, or C (full logits)
 
     # -- phases ------------------------------------------------------------------------------
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
-        """Run the chunk loop over ``ids``; return the logits of the last prompt token."""
+    def prefill(
+        self, ids: np.ndarray, on_chunk: Callable[[np.ndarray, np.ndarray], None] | None = None
+    ) -> np.ndarray:
+        """Run the chunk loop over ``ids``; return the logits of the last prompt token.
+
+        ``on_chunk(positions, logits)`` is called after each chunk with the prompt positions of
+        its real rows and their logits (all rows when the model was prepared with full prefill
+        logits, else only the last row) — what prompt perplexity needs.
+        """
         ids = np.asarray(ids, np.int64).reshape(-1)
         if ids.size > self.shapes.max_prompt_len:
             raise CapacityError(
@@ -92,18 +102,22 @@ class StaticRunner:
         self.copied.reset()
         self.prefill_binding.reset()
         self.generate_binding.reset()
-        logits = np.empty(0, np.float32)
+        logits = np.empty((1, 0), np.float32)
         for k in range(plan.num_chunks):
             inputs = prefill_inputs(ids, plan, k, self.prefill_past)
             self.prefill_binding.before(inputs.write_slots, inputs.write_slots[0])
             logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
+            if on_chunk is not None:
+                positions = inputs.position_ids[0, -logits.shape[0] :]
+                real = np.arange(*inputs.write_slots)[-logits.shape[0] :] >= plan.pad
+                on_chunk(positions[real], logits[real])
         self._first_slot = plan.pad
         self._next_slot = plan.padded_len
         self._next_position = plan.num_tokens
         self.prefill_copied_bytes = self.copied.bytes
         self.switch_copied_bytes = 0
         self._at_switch = True
-        return logits.copy()
+        return logits[-1].copy()
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
@@ -129,7 +143,7 @@ class StaticRunner:
         logits = self._infer(self.requests.generate, self.generate_binding, inputs)
         self._next_slot += 1
         self._next_position += 1
-        return logits.copy()
+        return logits[-1].copy()
 
 
 def _tensor(array: np.ndarray):

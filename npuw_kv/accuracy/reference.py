@@ -1,0 +1,79 @@
+"""The references: openvino-genai's CPU pipeline (tokens) and the stateful IR itself (logits).
+
+Both run exact f32 (f32 compute, no dynamic quantization, f32 KV), the primary reference the
+issue asks for.  The stateful IR is the untouched model graph: its logits are what our
+rewritten, chunked, static graph must reproduce.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+
+from ..config import EXACT_F32
+
+EXACT_REFERENCE = {**EXACT_F32, "KV_CACHE_PRECISION": "f32"}
+
+
+class GenaiReference:
+    """Greedy tokens of ``openvino_genai.LLMPipeline(dir, device)`` on the same token ids."""
+
+    def __init__(self, model_dir: Path, device: str = "CPU", **properties: Any) -> None:
+        self.pipe = openvino_genai.LLMPipeline(str(model_dir), device, **properties)
+
+    def generate(self, ids: np.ndarray, new_tokens: int) -> list[int]:
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = new_tokens
+        config.ignore_eos = True
+        result = self.pipe.generate(ov.Tensor(np.asarray(ids, np.int64)[None]), config)
+        return [int(t) for t in result.tokens[0]]
+
+
+class StatefulReference:
+    """The original stateful IR, exact f32: prompt logits in chunks, then teacher forcing."""
+
+    def __init__(self, model_dir: Path, chunk: int = 256) -> None:
+        core = ov.Core()
+        model = core.read_model(str(model_dir / "openvino_model.xml"))
+        self.request = core.compile_model(model, "CPU", EXACT_REFERENCE).create_infer_request()
+        self.chunk = chunk
+
+    def _feed(self, ids: np.ndarray, start: int) -> np.ndarray:
+        n = len(ids)
+        self.request.infer(
+            {
+                "input_ids": np.asarray(ids, np.int64)[None],
+                "attention_mask": np.ones((1, start + n), np.int64),
+                "position_ids": np.arange(start, start + n, dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, np.int32),
+            }
+        )
+        return self.request.get_tensor("logits").data[0]
+
+    def run(self, prompt: np.ndarray, continuation: list[int]) -> tuple[float, np.ndarray]:
+        """Prompt perplexity and the logits that predict each continuation token.
+
+        Row i of the returned logits predicts ``continuation[i]`` (row 0 comes from the last
+        prompt position), so it lines up with our pipeline's per-step logits.
+        """
+        from .metrics import log_softmax
+
+        self.request.reset_state()
+        nll: list[np.ndarray] = []
+        last = np.empty(0, np.float32)
+        for start in range(0, len(prompt), self.chunk):
+            piece = prompt[start : start + self.chunk]
+            logits = self._feed(piece, start)
+            targets = prompt[start + 1 : start + 1 + len(piece)]
+            logp = log_softmax(logits[: len(targets)])
+            nll.append(-logp[np.arange(len(targets)), targets])
+            last = logits[-1].copy()
+        rows = [last]
+        for i, token in enumerate(continuation[:-1]):
+            rows.append(self._feed(np.array([token]), len(prompt) + i)[-1].copy())
+        ppl = float(np.exp(np.concatenate(nll).mean())) if len(prompt) > 1 else float("nan")
+        return ppl, np.stack(rows)

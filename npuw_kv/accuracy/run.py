@@ -1,0 +1,202 @@
+"""The configuration matrix: every (prompt length, device, mode, chunk) against the references.
+
+Both sides are teacher-forced on the reference's greedy continuation, so every generated
+position compares the two next-token distributions on the same context; our greedy choice at
+each position gives the token agreement (identical to free-running up to the first divergence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import EXACT_F32
+from ..pipeline import LLMPipeline
+from ..prompts import prompt_ids, stdlib_text
+from . import metrics
+from .reference import EXACT_REFERENCE, GenaiReference, StatefulReference
+
+# mode -> pipeline settings.  Tolerances (max |dlogit| vs the f32 reference; None = report only)
+# are per device: NPUW's default partitioning rounds in its CPU sub-models (2-3e-2 measured).
+MODES: dict[str, dict[str, Any]] = {
+    "exact": {"kv_precision": "f32", **EXACT_F32},
+    "copy": {"kv_precision": "f32", "kv_binding": "copy", **EXACT_F32},
+    "static": {"kv_precision": "f32", "static_models": True, **EXACT_F32},
+    "f16-kv": {"kv_precision": "f16", **EXACT_F32},
+    "device-default": {},
+}
+TOLERANCE: dict[str, dict[str, float | None]] = {
+    "exact": {"CPU": 1e-3, "NPU": 0.1},
+    "copy": {"CPU": 1e-3, "NPU": 0.1},
+    "static": {"CPU": 1e-3, "NPU": 0.1},
+    "f16-kv": {"CPU": 0.1, "NPU": 0.2},
+    "device-default": {"CPU": None, "NPU": None},
+}
+SECRET = "4721"
+
+
+@dataclass
+class Result:
+    prompt_len: int
+    device: str
+    mode: str
+    chunk: int
+    new_tokens: int
+    matched: int = 0
+    first_divergence: int | None = None
+    max_abs_dlogit: float = float("nan")
+    mean_kl: float = float("nan")
+    ppl: float = float("nan")
+    ppl_ref: float = float("nan")
+    retrieval_found: bool | None = None
+    tolerance: float | None = None
+    error: str | None = None
+    passed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.mode}/C{self.chunk}/{self.prompt_len}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "name": self.name}
+
+
+def retrieval_prompt(pipe: LLMPipeline, num_tokens: int) -> np.ndarray:
+    """A fact near the start, ~num_tokens of real text, then the question (chat template)."""
+    question = "\n\nWhat is the secret number mentioned at the very beginning? Answer with it."
+    fact = f"Remember this: the secret number is {SECRET}.\n\n"
+    budget = num_tokens - len(pipe.encode(fact + question)) - 8
+    while True:
+        filler = pipe.tokenizer.decode(prompt_ids(pipe.tokenizer, max(budget, 1)).tolist())
+        ids = pipe.encode(fact + filler + question)
+        if len(ids) <= num_tokens or budget <= 1:
+            return ids
+        budget -= len(ids) - num_tokens + 8  # re-tokenised text can come out a bit longer
+
+
+def evaluate(
+    pipe: LLMPipeline, ids: np.ndarray, ref_tokens: list[int], ref_logits: np.ndarray
+) -> dict[str, Any]:
+    """Teacher-forced comparison of ``pipe`` against the reference continuation."""
+    rows: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+
+    def on_chunk(positions: np.ndarray, logits: np.ndarray) -> None:
+        keep = positions + 1 < len(ids)
+        rows.append(logits[keep])
+        targets.append(ids[positions[keep] + 1])
+
+    ours = [pipe.runner.prefill(ids, on_chunk=on_chunk)]
+    for token in ref_tokens[:-1]:
+        ours.append(pipe.runner.step(token))
+    our_logits = np.stack(ours)
+    greedy = [int(np.argmax(row)) for row in our_logits]
+    divergence = metrics.first_divergence(greedy, ref_tokens)
+    return {
+        "matched": len(ref_tokens) if divergence is None else divergence,
+        "first_divergence": divergence,
+        "max_abs_dlogit": float(np.abs(our_logits - ref_logits).max()),
+        "mean_kl": float(metrics.kl_divergence(ref_logits, our_logits).mean()),
+        "ppl": metrics.perplexity(np.concatenate(rows), np.concatenate(targets)),
+    }
+
+
+def run_matrix(
+    model_dir: Path,
+    prompt_lens: Iterable[int],
+    new_tokens: int,
+    devices: Iterable[str],
+    modes: Iterable[str],
+    chunks: Iterable[int],
+    progress: Callable[[str], None] = lambda _: None,
+    peer: bool = True,
+) -> list[Result]:
+    """Run every configuration; failures are recorded in their Result, never raised."""
+    results: list[Result] = []
+    genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
+    stateful = StatefulReference(model_dir)
+    for prompt_len in prompt_lens:
+        try:
+            ids = prompt_ids(genai_ref.pipe.get_tokenizer(), prompt_len)
+            ref_tokens = genai_ref.generate(ids, new_tokens)
+            ppl_ref, ref_logits = stateful.run(ids, ref_tokens)
+        except Exception as exc:  # e.g. a prompt longer than the stdlib text
+            for device in devices:
+                for mode in modes:
+                    for chunk in chunks:
+                        r = Result(prompt_len, device, mode, chunk, new_tokens)
+                        r.error = f"reference failed: {exc}"
+                        results.append(r)
+            continue
+        if peer:
+            results.append(_npuw_peer(model_dir, ids, ref_tokens, prompt_len, new_tokens))
+        for device in devices:
+            for mode in modes:
+                for chunk in chunks:
+                    result = Result(prompt_len, device, mode, chunk, new_tokens, ppl_ref=ppl_ref)
+                    progress(result.name)
+                    _run_one(result, model_dir, ids, ref_tokens, ref_logits)
+                    results.append(result)
+    return results
+
+
+def _run_one(
+    result: Result, model_dir: Path, ids: np.ndarray, ref_tokens: list[int], ref_logits: np.ndarray
+) -> None:
+    if result.mode not in MODES:
+        result.error = f"unknown mode {result.mode!r}; choose from {', '.join(MODES)}"
+        return
+    result.tolerance = TOLERANCE[result.mode].get(result.device)
+    try:
+        pipe = LLMPipeline(
+            model_dir,
+            result.device,
+            prefill_chunk_size=result.chunk,
+            max_prompt_len=result.prompt_len,
+            min_response_len=result.new_tokens,
+            full_prefill_logits=True,
+            **MODES[result.mode],
+        )
+        for key, value in evaluate(pipe, ids, ref_tokens, ref_logits).items():
+            setattr(result, key, value)
+        answer = pipe.generate(retrieval_prompt(pipe, result.prompt_len), max_new_tokens=24)
+        result.retrieval_found = SECRET in answer.text
+        result.extra["retrieval_answer"] = answer.text
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return
+    within = result.tolerance is None or result.max_abs_dlogit <= result.tolerance
+    result.passed = within and result.matched == result.new_tokens
+
+
+def _npuw_peer(
+    model_dir: Path, ids: np.ndarray, ref_tokens: list[int], prompt_len: int, new_tokens: int
+) -> Result:
+    """NPUW's own LLM pipeline (NPU plugin, sub-models on CPU): tokens only, not gated."""
+    result = Result(prompt_len, "NPU", "npuw-llm (peer)", 256, new_tokens)
+    result.passed = True  # the peer is reported, never gated
+    try:
+        peer = GenaiReference(
+            model_dir,
+            "NPU",
+            NPUW_DEVICES="CPU",
+            MAX_PROMPT_LEN=-(-prompt_len // 256) * 256,
+            MIN_RESPONSE_LEN=max(new_tokens, 64),
+            NPUW_LLM_PREFILL_CHUNK_SIZE=256,
+        )
+        tokens = peer.generate(ids, new_tokens)
+    except Exception as exc:
+        result.error = f"NPUW cannot run this model: {str(exc).strip().splitlines()[-1][:200]}"
+        return result
+    divergence = metrics.first_divergence(tokens, ref_tokens)
+    result.matched = new_tokens if divergence is None else divergence
+    result.first_divergence = divergence
+    return result
+
+
+__all__ = ["MODES", "TOLERANCE", "Result", "run_matrix", "stdlib_text"]
