@@ -81,18 +81,28 @@ def row_bytes(fp: int, width: int) -> np.ndarray:
     return np.resize(np.frombuffer(fp.to_bytes(4, "little"), dtype=np.uint8), width)
 
 
+def _rows(fps: Sequence[int], width: int) -> np.ndarray:
+    """``row_bytes`` of many fingerprints at once: ``[len(fps), width]`` uint8."""
+    raw = np.asarray(fps, dtype="<u4").view(np.uint8).reshape(-1, 4)
+    return np.tile(raw, (1, -(-width // 4)))[:, :width]
+
+
+def _positions(mgr: KVBlockManager, seq_id: object, w: int, lo: int, hi: int) -> tuple:
+    tpb = mgr.groups[w].tokens_per_block
+    table = np.asarray(mgr.block_table(seq_id, w), dtype=np.int64)
+    pos = np.arange(lo, hi)
+    return table[pos // tpb], pos % tpb, pos
+
+
 def write_prefix_rows(
     mgr: KVBlockManager, seq_id: object, tokens: Sequence[int], start: int
 ) -> None:
     """Like a runtime: write rows [start, len(tokens)) with their prefix fingerprints."""
     fps = fingerprints(tokens)
     for w, g in mgr.groups.items():
-        table = mgr.block_table(seq_id, w)
-        store = mgr.storage(w)
-        tpb = g.tokens_per_block
-        for p in range(start, len(tokens)):
-            assert table[p // tpb] >= 0, f"window {w}: row {p} is in a detached slot"
-            store[table[p // tpb], p % tpb] = row_bytes(fps[p], g.bytes_per_token)
+        slots, offs, pos = _positions(mgr, seq_id, w, start, len(tokens))
+        assert (slots >= 0).all(), f"window {w}: a row in {start}..{len(tokens)} is detached"
+        mgr.storage(w)[slots, offs] = _rows(fps[start:], g.bytes_per_token)
 
 
 def check_read_rows(mgr: KVBlockManager, seq_id: object, tokens: Sequence[int], n_old: int) -> None:
@@ -102,14 +112,14 @@ def check_read_rows(mgr: KVBlockManager, seq_id: object, tokens: Sequence[int], 
     """
     fps = fingerprints(tokens)
     for w, g in mgr.groups.items():
-        table = mgr.block_table(seq_id, w)
-        store = mgr.storage(w)
-        tpb = g.tokens_per_block
-        for p in range(max(0, n_old - w + 1), n_old):
-            slot = table[p // tpb]
-            assert slot >= 0, f"window {w}: row {p} is read at {n_old} but detached"
-            assert np.array_equal(store[slot, p % tpb], row_bytes(fps[p], g.bytes_per_token)), (
-                f"window {w}: row {p} read at {n_old} tokens holds another token's bytes"
+        lo = max(0, n_old - w + 1)
+        slots, offs, pos = _positions(mgr, seq_id, w, lo, n_old)
+        if (slots < 0).any():
+            raise AssertionError(f"window {w}: row {pos[slots < 0][0]} read at {n_old} detached")
+        bad = ~(mgr.storage(w)[slots, offs] == _rows(fps[lo:n_old], g.bytes_per_token)).all(1)
+        if bad.any():
+            raise AssertionError(
+                f"window {w}: row {pos[bad][0]} read at {n_old} tokens holds another token's bytes"
             )
 
 
@@ -119,17 +129,23 @@ def check_tree_bytes(mgr: KVBlockManager) -> int:
     for w, wm in mgr.windows.items():
         if wm.tree is None:
             continue
-        width = wm.group.bytes_per_token
+        found: dict[object, tuple[list[int], list[int], list[int]]] = {}
         stack = [(child, 0) for child in wm.tree.root.children.values()]
         while stack:
             node, h = stack.pop()
             fps = fingerprints(node.key, h)
             if node.block is not None:
-                data = wm.pools[node.block.pool].store[node.block.slot]
-                for i, fp in enumerate(fps):
-                    assert np.array_equal(data[i], row_bytes(fp, width)), (
-                        f"window {w}: cached block at depth {node.depth} has wrong bytes"
-                    )
-                checked += 1
+                slots, all_fps, depths = found.setdefault(node.block.pool, ([], [], []))
+                slots.append(node.block.slot)
+                all_fps.extend(fps)
+                depths.append(node.depth)
             stack.extend((c, fps[-1]) for c in node.children.values())
+        for kind, (slots, all_fps, depths) in found.items():
+            got = wm.pools[kind].store[slots]  # type: ignore[index]
+            want = _rows(all_fps, wm.group.bytes_per_token).reshape(got.shape)
+            bad = ~(got == want).all(axis=(1, 2))
+            if bad.any():
+                depth = np.asarray(depths)[bad][0]
+                raise AssertionError(f"window {w}: cached block at depth {depth} has wrong bytes")
+            checked += len(slots)
     return checked

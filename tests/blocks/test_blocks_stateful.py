@@ -1,11 +1,19 @@
 """Hypothesis state machine: random add/extend/remove/lookup on >= 3 window sizes.
 
-Small pools, reuse on, host pools on or off. After every step the manager's invariants are
-checked and, like a runtime would, every token's KV row is written with a fingerprint of its
-prefix; every cached block must still hold the fingerprints of its tree path (so offload,
-onboard and SWA copies move real bytes), and every reused block must hold the prompt's rows.
+Small pools sized exactly for the drawn ``max_tokens_per_call`` (plus a few spare blocks),
+sequences up to 96 tokens with 1-4 tokens per block (so SWA windows detach, hit, claim, copy,
+offload and onboard many blocks), multi-token calls, varied default / offload priorities,
+reuse on or off, host pools on or off.
 
-The total number of random operations is counted and asserted (>= 10**5 per run).
+Like a runtime, every call writes each new token's KV row with a fingerprint of its prefix,
+and before writing, every row the call's first token reads (its window, including the rows a
+prefix hit hands out) must hold the fingerprint of the tokens the sequence claims: a wrong or
+detached row there is a silently wrong answer. After every step the manager's invariants are
+checked and every cached block must hold the fingerprints of its tree path (so offload,
+onboard, SWA copies and stale ownership are checked on real bytes).
+
+Operations are counted two ways: every rule run (``rules``) and calls attempted on a live or
+valid target (``attempted``); the test asserts >= 10**5 attempted per run.
 """
 
 from __future__ import annotations
@@ -13,18 +21,21 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from blocks_helpers import check_read_rows, check_tree_bytes, write_prefix_rows
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
+    precondition,
     rule,
     run_state_machine_as_test,
 )
 
 from npuw_kv.kv.blocks import (
     BlockManagerConfig,
+    ChunkTooLargeError,
     KVBlockManager,
     OutOfBlocksError,
     PriorityRange,
@@ -35,22 +46,19 @@ from npuw_kv.kv.blocks import (
 )
 from npuw_kv.kv.blocks.sequence import min_live_blocks
 
-OPS = {"ops": 0, "adds": 0, "hits": 0, "errors": 0, "offloads": 0, "onboards": 0}
+OPS = {
+    "rules": 0,
+    "attempted": 0,
+    "adds": 0,
+    "hits": 0,
+    "errors": 0,
+    "offloads": 0,
+    "onboards": 0,
+    "copies": 0,
+    "cached_checked": 0,
+}
 MIN_TOTAL_OPS = 100_000
-MASK = 0xFFFFFFFF
-
-
-def fingerprints(tokens: list[int], start_hash: int = 0) -> list[int]:
-    """Rolling hash of each prefix: what the KV row at that position depends on."""
-    out, h = [], start_hash
-    for t in tokens:
-        h = ((h * 1_000_003) ^ (t + 7)) & MASK
-        out.append(h)
-    return out
-
-
-def row_bytes(fp: int, width: int) -> np.ndarray:
-    return np.resize(np.frombuffer(fp.to_bytes(4, "little"), dtype=np.uint8), width)
+GROW = (ChunkTooLargeError, OutOfBlocksError, SequenceTooLongError)
 
 
 def snapshot(mgr: KVBlockManager) -> tuple:
@@ -65,18 +73,25 @@ class BlockMachine(RuleBasedStateMachine):
 
     @initialize(
         tpb=st.sampled_from([1, 2, 3, 4]),
-        max_seq_len=st.integers(10, 36),
+        max_seq_len=st.integers(12, 96),
         n_swa=st.sampled_from([2, 3]),
         data=st.data(),
     )
     def setup(self, tpb: int, max_seq_len: int, n_swa: int, data: st.DataObject) -> None:
         swa = data.draw(
-            st.lists(st.integers(1, max_seq_len - 1), min_size=n_swa, max_size=n_swa, unique=True)
+            st.lists(
+                st.integers(1, min(24, max_seq_len - 1)),
+                min_size=n_swa,
+                max_size=n_swa,
+                unique=True,
+            )
         )
         windows = sorted(swa) + [max_seq_len]
-        extra = data.draw(st.lists(st.integers(0, 6), min_size=len(windows), max_size=len(windows)))
+        chunk = data.draw(st.sampled_from([1, 2, tpb, 3 * tpb, 12]))
+        extra = data.draw(st.lists(st.integers(0, 5), min_size=len(windows), max_size=len(windows)))
         blocks = [
-            min_live_blocks(max_seq_len, w, tpb) + e for w, e in zip(windows, extra, strict=True)
+            min_live_blocks(max_seq_len, w, tpb, chunk) + e
+            for w, e in zip(windows, extra, strict=True)
         ]
         host_fraction = data.draw(st.sampled_from([0.0, 0.5, 1.0]))
         block_bytes = 4 * tpb  # one layer per window: 1 kv head, head_dim 1, float16, K+V
@@ -88,12 +103,15 @@ class BlockMachine(RuleBasedStateMachine):
             host_budget_bytes=int(total * host_fraction) * block_bytes + block_bytes // 2,
             tokens_per_block=tpb,
             window_size_shares=[b / total for b in blocks],
-            offload_min_priority=data.draw(st.sampled_from([0, 35, 60])),
+            enable_reuse=data.draw(st.sampled_from([True, True, True, False])),
+            default_priority=data.draw(st.sampled_from([0, 35, 100])),
+            offload_min_priority=data.draw(st.sampled_from([0, 35, 60, 100])),
+            max_tokens_per_call=chunk,
         )
         self.mgr = KVBlockManager(cfg, env={})
         for w, b in zip(windows, blocks, strict=True):
             assert self.mgr.groups[w].primary_blocks == b
-        self.tpb, self.max_len = tpb, max_seq_len
+        self.tpb, self.max_len, self.chunk = tpb, max_seq_len, chunk
         self.vocab = data.draw(st.integers(2, 4))
         self.tokens: dict[int, list[int]] = {}
         self.corpus: list[list[int]] = [[]]
@@ -101,50 +119,42 @@ class BlockMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     # ---- helpers -------------------------------------------------------------------------
-    def _draw_tokens(self, data: st.DataObject) -> list[int]:
-        base = data.draw(st.sampled_from(self.corpus[-8:]))
-        # half the time the whole earlier conversation plus a new turn (multi-turn chat)
-        cut = len(base) if data.draw(st.booleans()) else data.draw(st.integers(0, len(base)))
-        tail = data.draw(st.lists(st.integers(0, self.vocab - 1), max_size=8))
-        return (base[:cut] + tail)[: self.max_len + 2]
+    def _new_tokens(self, data: st.DataObject) -> list[int]:
+        """Mostly within ``max_tokens_per_call``, sometimes one over (must be refused)."""
+        n = data.draw(st.integers(1, self.chunk + 1 if data.draw(st.booleans()) else self.chunk))
+        return data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=n, max_size=n))
 
-    def _write_rows(self, sid: int, n_old: int) -> None:
-        toks = self.tokens[sid]
-        fps = fingerprints(toks)
-        for w, g in self.mgr.groups.items():
-            table = self.mgr.block_table(sid, w)
-            store = self.mgr.storage(w)
-            for p in range(n_old, len(toks)):
-                slot = table[p // self.tpb]
-                assert slot >= 0, f"row {p} of window {w} is in a detached slot"
-                store[slot, p % self.tpb] = row_bytes(fps[p], g.bytes_per_token)
-
-    def _check_reused(self, sid: int, hit: int) -> None:
-        fps = fingerprints(self.tokens[sid])
-        for w, g in self.mgr.groups.items():
-            table = self.mgr.block_table(sid, w)
-            store = self.mgr.storage(w)
-            for p in range(hit):
-                slot = table[p // self.tpb]
-                if slot >= 0:
-                    got = store[slot, p % self.tpb]
-                    assert np.array_equal(got, row_bytes(fps[p], g.bytes_per_token)), (
-                        f"window {w}: reused row {p} lost its contents"
-                    )
-
-    def _expect_unchanged(self, before: tuple) -> None:
+    def _expect_unchanged(self, before: tuple, exc: Exception, n_old: int, n_new: int) -> None:
         assert snapshot(self.mgr) == before, "a failed call changed the manager"
+        if isinstance(exc, SequenceTooLongError):
+            assert n_old + n_new > self.max_len
+        elif isinstance(exc, ChunkTooLargeError):
+            assert n_new > self.chunk
         OPS["errors"] += 1
 
     # ---- rules ---------------------------------------------------------------------------
     @rule(data=st.data())
     def add(self, data: st.DataObject) -> None:
-        OPS["ops"] += 1
-        toks = self._draw_tokens(data)
-        kind = data.draw(st.sampled_from(["none", "int", "ranges"]))
+        OPS["rules"] += 1
+        OPS["attempted"] += 1
+        # an earlier conversation, or the prompt of a live one (a hit then claims its detached
+        # cached blocks or copies its live ones)
+        live = [self.tokens[s] for s in sorted(self.tokens)[-4:]]
+        base = data.draw(st.sampled_from(self.corpus[-8:] + live))
+        # half the time the whole earlier conversation plus a new turn (multi-turn chat)
+        cut = len(base) if data.draw(st.booleans()) else data.draw(st.integers(0, len(base)))
+        hit_before = self.mgr.lookup(base[:cut] + [0]).hit_tokens if cut else 0
+        toks = (base[:hit_before] + base[hit_before:cut] + self._new_tokens(data))[
+            : self.max_len + 1
+        ]
+        if data.draw(st.integers(0, 3)):  # mostly the runtime protocol: a chunk after the hit
+            toks = toks[: self.mgr.lookup(toks).hit_tokens + self.chunk]
+        kind = data.draw(st.sampled_from(["none", "int", "numpy", "ranges"]))
         prio: int | list[PriorityRange] | None = None
         if kind == "int":
-            prio = data.draw(st.sampled_from([10, 35, 80]))
+            prio = data.draw(st.sampled_from([0, 10, 35, 80, 100]))
+        elif kind == "numpy":
+            prio = np.int64(data.draw(st.integers(0, 100)))  # type: ignore[assignment]
         elif kind == "ranges":
             prio = [PriorityRange(0, 2 * self.tpb, 90), PriorityRange(2 * self.tpb, None, 20)]
         expected = self.mgr.lookup(toks).hit_tokens
@@ -152,41 +162,40 @@ class BlockMachine(RuleBasedStateMachine):
         sid = self.next_id
         try:
             hit = self.mgr.add_sequence(sid, toks, priority=prio)
-        except (OutOfBlocksError, SequenceTooLongError) as exc:
-            assert len(toks) > self.max_len or isinstance(exc, OutOfBlocksError)
-            self._expect_unchanged(before)
+        except GROW as exc:
+            self._expect_unchanged(before, exc, expected, len(toks) - expected)
             return
         self.next_id += 1
         assert hit == expected and hit % self.tpb == 0 and hit <= max(0, len(toks) - 1)
         OPS["adds"] += 1
         OPS["hits"] += hit > 0
         self.tokens[sid] = list(toks)
-        self._check_reused(sid, hit)
-        self._write_rows(sid, hit)
+        check_read_rows(self.mgr, sid, toks, hit)  # the rows the hit hands out
+        write_prefix_rows(self.mgr, sid, toks, hit)
 
+    @precondition(lambda self: bool(self.tokens))
     @rule(data=st.data())
     def extend(self, data: st.DataObject) -> None:
-        OPS["ops"] += 1
-        if not self.tokens:
-            return
+        OPS["rules"] += 1
+        OPS["attempted"] += 1
         sid = data.draw(st.sampled_from(sorted(self.tokens)))
-        new = data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=1, max_size=6))
+        new = self._new_tokens(data)
         before = snapshot(self.mgr)
         n_old = len(self.tokens[sid])
         try:
             self.mgr.add_tokens(sid, new)
-        except (OutOfBlocksError, SequenceTooLongError) as exc:
-            assert n_old + len(new) > self.max_len or isinstance(exc, OutOfBlocksError)
-            self._expect_unchanged(before)
+        except GROW as exc:
+            self._expect_unchanged(before, exc, n_old, len(new))
             return
         self.tokens[sid].extend(new)
-        self._write_rows(sid, n_old)
+        check_read_rows(self.mgr, sid, self.tokens[sid], n_old)
+        write_prefix_rows(self.mgr, sid, self.tokens[sid], n_old)
 
+    @precondition(lambda self: bool(self.tokens))
     @rule(data=st.data())
     def remove(self, data: st.DataObject) -> None:
-        OPS["ops"] += 1
-        if not self.tokens:
-            return
+        OPS["rules"] += 1
+        OPS["attempted"] += 1
         sid = data.draw(st.sampled_from(sorted(self.tokens)))
         self.mgr.remove_sequence(sid)
         self.corpus.append(self.tokens.pop(sid))
@@ -194,15 +203,17 @@ class BlockMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def lookup(self, data: st.DataObject) -> None:
-        OPS["ops"] += 1
-        toks = self._draw_tokens(data)
+        OPS["rules"] += 1
+        OPS["attempted"] += 1
+        base = data.draw(st.sampled_from(self.corpus[-8:]))
+        toks = base + data.draw(st.lists(st.integers(0, self.vocab - 1), max_size=3))
         hit = self.mgr.lookup(toks)
         assert hit.hit_tokens % self.tpb == 0 and hit.hit_tokens <= max(0, len(toks) - 1)
         assert all(v >= 0 for v in hit.per_window.values())
 
     @rule(data=st.data())
     def bad_call(self, data: st.DataObject) -> None:
-        OPS["ops"] += 1
+        OPS["rules"] += 1  # deliberately invalid target: not counted as attempted
         before = snapshot(self.mgr)
         choice = data.draw(st.sampled_from(["removed", "unknown", "duplicate"]))
         try:
@@ -213,7 +224,7 @@ class BlockMachine(RuleBasedStateMachine):
             else:
                 self.mgr.remove_sequence(-1)
         except (UnknownSequenceError, SequenceExistsError):
-            self._expect_unchanged(before)
+            assert snapshot(self.mgr) == before, "a failed call changed the manager"
         else:
             raise AssertionError("bad call was accepted")
 
@@ -221,40 +232,28 @@ class BlockMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self) -> None:
         self.mgr.check_invariants()
-        for w, wm in self.mgr.windows.items():
-            assert wm.tree is not None
-            width = wm.group.bytes_per_token
-            stack = [(child, 0) for child in wm.tree.root.children.values()]
-            while stack:
-                node, h = stack.pop()
-                fps = fingerprints(list(node.key), h)
-                if node.block is not None:
-                    rows = wm.pools[node.block.pool].store[node.block.slot]
-                    for i, fp in enumerate(fps):
-                        assert np.array_equal(rows[i], row_bytes(fp, width)), (
-                            f"window {w}: cached block at depth {node.depth} has wrong bytes"
-                        )
-                stack.extend((c, fps[-1]) for c in node.children.values())
+        OPS["cached_checked"] += check_tree_bytes(self.mgr)
 
     def teardown(self) -> None:
         if hasattr(self, "mgr"):
             st_ = self.mgr.stats()
             OPS["offloads"] += st_.offloads
             OPS["onboards"] += st_.onboards
+            OPS["copies"] += sum(w.counters.copied_blocks for w in st_.windows.values())
 
 
 def test_random_operations() -> None:
-    """Runs the machine in rounds until >= 10**5 random operations have been checked.
+    """Runs the machine in rounds until >= 10**5 operations on valid targets have been checked.
 
     ``NPUW_KV_STATEFUL_OPS`` raises the target for a longer soak.
     """
     target = max(MIN_TOTAL_OPS, int(os.environ.get("NPUW_KV_STATEFUL_OPS", "0")))
     rounds = 0
-    while OPS["ops"] < target and rounds < 50:
+    while OPS["attempted"] < target and rounds < 50:
         run_state_machine_as_test(
             BlockMachine,
             settings=settings(
-                max_examples=200,
+                max_examples=100,
                 stateful_step_count=200,
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
@@ -262,5 +261,6 @@ def test_random_operations() -> None:
         )
         rounds += 1
     print(f"random operations in {rounds} rounds: {OPS}")
-    assert OPS["ops"] >= target, f"only {OPS['ops']} random operations ran"
-    assert OPS["hits"] > 0 and OPS["offloads"] > 0 and OPS["onboards"] > 0 and OPS["errors"] > 0
+    assert OPS["attempted"] >= target, f"only {OPS['attempted']} operations were attempted"
+    assert OPS["hits"] > 0 and OPS["offloads"] > 0 and OPS["onboards"] > 0
+    assert OPS["errors"] > 0 and OPS["copies"] > 0 and OPS["cached_checked"] > 0

@@ -4,9 +4,12 @@ Public API::
 
     cfg = BlockManagerConfig(layers=uniform_layers([512] * 5 + [None], 4, 256),
                              max_seq_len=32768, kv_budget_bytes=2 << 30,
-                             host_budget_bytes=4 << 30)
+                             host_budget_bytes=4 << 30,
+                             max_tokens_per_call=512)        # largest prefill chunk
     mgr = KVBlockManager(cfg)
-    reused = mgr.add_sequence("req-1", prompt_ids)   # tokens taken from the cache
+    hit = mgr.lookup(prompt_ids).hit_tokens          # then add at most 512 tokens a call:
+    reused = mgr.add_sequence("req-1", prompt_ids[: hit + 512])  # == hit
+    mgr.add_tokens("req-1", prompt_ids[hit + 512 : hit + 1024])  # ... chunk by chunk
     mgr.add_tokens("req-1", [next_id])
     mgr.block_table("req-1", 512)                    # primary slots, -1 = detached
     mgr.remove_sequence("req-1")

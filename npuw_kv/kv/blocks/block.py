@@ -52,6 +52,9 @@ class KVBlock:
     #: bumped each time the free-block path hands the block out (its bytes get overwritten);
     #: a table slot remembers the generation it took, so a stale slot is never stored
     gen: int = 0
+    #: block index (in a sequence) whose tokens the bytes hold; ``None`` once they are stale.
+    #: Lets ``check_invariants`` catch a block cached or read at a position it was not written for
+    position: int | None = None
 
     @property
     def block_hash(self) -> int | None:

@@ -6,7 +6,8 @@ raises ``AssertionError`` with a message that names the window, the block and th
 
 The manager never sees K/V values (the runtime writes them), so these checks cannot prove that
 a cached block holds its tokens' rows; they check the bookkeeping that guarantees it (a live
-slot's generation is current, sizes and refcounts add up). Tests that
+slot's generation is current, a block is cached or read only at the block position it was
+written for, sizes and refcounts add up). Tests that
 write token-derived bytes check the bytes themselves (``tests/blocks/test_blocks_stateful.py``).
 """
 
@@ -67,6 +68,8 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
                 _fail(wm, f"serial {serial} holds {b} which is not in the primary pool")
             if not seq.holds_bytes(j):  # a held block was handed out: two writers, one row
                 _fail(wm, f"serial {serial}: live slot {j} holds {b} handed out again since")
+            if b.position != j:
+                _fail(wm, f"serial {serial}: live slot {j} holds {b} written for {b.position}")
     for b in wm.blocks:
         if b.ref_count < 0:
             _fail(wm, f"negative refcount on {b}")
@@ -107,6 +110,8 @@ def _check_tree(wm: WindowManager) -> None:
         cached += 1
         if block.node is not node:
             _fail(wm, f"tree points at {block} whose node is elsewhere (freed block?)")
+        if block.position != node.depth - 1:  # e.g. a stale detached slot stored for reuse
+            _fail(wm, f"{block} cached at block {node.depth - 1} but written for {block.position}")
     if cached != tree.cached_blocks:
         _fail(wm, f"tree holds {cached} blocks but counts {tree.cached_blocks}")
     for b in wm.blocks:

@@ -161,7 +161,7 @@ class WindowManager:
                 plan.append((j, b, "share"))
         for j, b, action in plan:
             if action == "copy":
-                fresh = self._take_free_primary(serial)
+                fresh = self._take_free_primary(serial, j)
                 copy_bytes(b, fresh, self.pools)
                 fresh.ref_count = 1
                 fresh.priority = priorities.for_block(j)
@@ -169,9 +169,10 @@ class WindowManager:
                 self.counters.copied_blocks += 1
                 continue
             if action == "onboard":
-                empty = self._take_free_primary(serial)
+                empty = self._take_free_primary(serial, j)
                 move_bytes(b, empty, self.pools)
                 empty.last_owner = None  # holds no one's bytes now (it must not invalidate us)
+                empty.position = None
                 self.host.queue.push(empty, EMPTY_LEVEL)
                 self.counters.onboards += 1
                 self._emit_move("onboarded", b)
@@ -217,7 +218,7 @@ class WindowManager:
         # what the call's first token cannot see; detached before allocating, so reusable
         self._detach_upto(seq, n_from + 1)
         for idx in range(len(seq.table), blocks_for(n_to, self.tpb)):
-            block = self._take_free_primary(seq.serial)
+            block = self._take_free_primary(seq.serial, idx)
             block.ref_count = 1
             block.priority = seq.priorities.for_block(idx)
             seq.put(idx, block)
@@ -251,7 +252,7 @@ class WindowManager:
         )
         self.pools[block.pool].queue.push(block, block.priority if keep else EMPTY_LEVEL)
 
-    def _take_free_primary(self, serial: int) -> KVBlock:
+    def _take_free_primary(self, serial: int, index: int) -> KVBlock:
         """``get_free_block``: reclaim a primary block, offloading the victim if worth it."""
         level = self.primary.queue.peek_level()
         victim = self.primary.queue.pop_victim()
@@ -278,6 +279,7 @@ class WindowManager:
             self._reset(victim)
         victim.last_owner = serial
         victim.gen += 1  # its bytes are about to be overwritten: older table slots go stale
+        victim.position = index
         return victim
 
     def _worth_keeping(self, block: KVBlock) -> bool:
@@ -299,6 +301,7 @@ class WindowManager:
             owner.storable = False
             self.counters.invalidated_sequences += 1
         block.last_owner = None
+        block.position = None
         block.priority = self.default_priority
 
     def _store_full(self, seq: SeqBlocks, tokens: Sequence[int], upto: int) -> None:
