@@ -1,0 +1,73 @@
+"""``npuw-kv accuracy`` end to end: the reduced matrix CI runs (1k and 4k, exact, CPU + NPU)."""
+
+from __future__ import annotations
+
+import json
+
+from npuw_kv.cli import main
+
+
+def test_reduced_matrix_within_tolerance(tmp_path, capsys):
+    out = tmp_path / "acc"
+    code = main(
+        [
+            "accuracy",
+            "--prompt-lens",
+            "1024,4096",
+            "--devices",
+            "CPU,NPU",
+            "--modes",
+            "exact",
+            "--new-tokens",
+            "64",
+            "--out",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    gated = [r for r in results if not r["mode"].startswith("npuw-llm")]
+    assert {(r["device"], r["prompt_len"]) for r in gated} == {
+        ("CPU", 1024),
+        ("CPU", 4096),
+        ("NPU", 1024),
+        ("NPU", 4096),
+    }
+    for r in gated:
+        assert r["error"] is None, r["error"]
+        assert r["matched"] == 64, r
+        assert r["max_abs_dlogit"] <= r["tolerance"], r
+        assert abs(r["ppl"] - r["ppl_ref"]) / r["ppl_ref"] < 0.01, r
+    cpu = [r for r in gated if r["device"] == "CPU"]
+    assert all(r["max_abs_dlogit"] < 1e-3 for r in cpu)
+    peer = [r for r in results if r["mode"].startswith("npuw-llm")]
+    assert len(peer) == 2 and all(r["error"] and "NPUW" in r["error"] for r in peer)
+    assert code == 0
+    assert "CPU/exact/C256/4096" in printed
+    assert (out / "report.md").read_text().startswith("# npuw-kv accuracy")
+    assert (out / "accuracy.png").stat().st_size > 10_000
+
+
+def test_bad_mode_is_reported_and_the_rest_still_runs(tmp_path, capsys):
+    out = tmp_path / "acc"
+    code = main(
+        [
+            "accuracy",
+            "--prompt-lens",
+            "64",
+            "--devices",
+            "CPU",
+            "--modes",
+            "exact,nope",
+            "--new-tokens",
+            "4",
+            "--no-peer",
+            "--out",
+            str(out),
+        ]
+    )
+    results = {r["mode"]: r for r in json.loads((out / "results.json").read_text())}
+    assert code == 1
+    assert results["exact"]["passed"] and results["exact"]["matched"] == 4
+    assert "unknown mode 'nope'" in results["nope"]["error"]
+    assert "outside tolerance: CPU/nope/C256/64" in capsys.readouterr().err
