@@ -53,12 +53,9 @@ def table(results: list[Result]) -> str:
 
 def markdown(results: list[Result], command: str) -> str:
     rows = [list(_COLUMNS)] + [_row(r) for r in results]
-    out = [
-        f"# npuw-kv accuracy\n\nCommand: `{command}`\n",
-        "| " + " | ".join(rows[0]) + " |",
-        "|" + "---|" * len(_COLUMNS),
-    ]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows[1:]]
+    lines = ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    out = [f"# npuw-kv accuracy\n\nCommand: `{command}`\n", lines[0], "|" + "---|" * len(_COLUMNS)]
+    out += lines[1:]
     out.append(
         "\nReference: openvino-genai CPU pipeline (greedy tokens) and the stateful IR (logits), "
         "both exact f32 with f32 KV. Both sides are teacher-forced on the reference tokens; "
