@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import openvino as ov
 
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.copy import CopyCounter
@@ -72,10 +73,12 @@ class StaticRunner:
         """How many more tokens can be generated before the KV cache is full."""
         return self.shapes.total_len - self._next_slot
 
-    def _infer(self, request, binding: KVBinding, inputs: StepInputs) -> np.ndarray:
-        request.set_tensor("input_ids", _tensor(inputs.input_ids))
-        request.set_tensor("position_ids", _tensor(inputs.position_ids))
-        request.set_tensor("attention_mask", _tensor(inputs.attention_mask))
+    def _infer(
+        self, request: ov.InferRequest, binding: KVBinding, inputs: StepInputs
+    ) -> np.ndarray:
+        request.set_tensor("input_ids", ov.Tensor(inputs.input_ids))
+        request.set_tensor("position_ids", ov.Tensor(inputs.position_ids))
+        request.set_tensor("attention_mask", ov.Tensor(inputs.attention_mask))
         request.infer()
         binding.after(inputs.write_slots)
         logits = request.get_output_tensor(self.layout.logits_output_index).data
@@ -145,8 +148,3 @@ class StaticRunner:
         self._next_position += 1
         return logits[-1].copy()
 
-
-def _tensor(array: np.ndarray):
-    import openvino as ov
-
-    return ov.Tensor(np.ascontiguousarray(array))
