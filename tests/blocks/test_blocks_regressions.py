@@ -3,6 +3,8 @@ offload/onboard events, numpy priorities. Each test failed before its fix."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from blocks_helpers import (
@@ -49,6 +51,14 @@ class _Runtime:
         check_read_rows(self.mgr, sid, self.tokens[sid], n_old)
         write_prefix_rows(self.mgr, sid, self.tokens[sid], n_old)
 
+    def add_chunked(self, sid: object, tokens: list[int], chunk: int) -> int:
+        """The runtime protocol: look up, add a chunk after the hit, then chunk by chunk."""
+        first = self.mgr.lookup(tokens).hit_tokens + chunk
+        hit = self.add(sid, tokens[:first])
+        for i in range(first, len(tokens), chunk):
+            self.extend(sid, tokens[i : i + chunk])
+        return hit
+
     def remove(self, sid: object) -> None:
         self.mgr.remove_sequence(sid)
         del self.tokens[sid]
@@ -90,6 +100,57 @@ def test_owner_reallocating_its_own_stale_detached_block_does_not_store_it() -> 
     rt.remove("X")  # check_tree_bytes: every cached block holds its path's rows
     hit = rt.add("Z", [1, 2, 3, 4, 99])  # checks the rows the hit hands out
     assert hit == 0  # the node at depth 4 is hollow now
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tpb=st.sampled_from([1, 1, 2]),
+    window=st.integers(2, 5),
+    spare=st.integers(0, 2),
+    prefix=st.integers(1, 4),
+    grow=st.lists(st.integers(1, 3), min_size=1, max_size=12),
+    default_priority=st.sampled_from([0, 35, 100]),
+    host=st.sampled_from([0, 4]),
+)
+def test_claimed_detached_blocks_are_never_stored_stale(
+    tpb: int,
+    window: int,
+    spare: int,
+    prefix: int,
+    grow: list[int],
+    default_priority: int,
+    host: int,
+) -> None:
+    """The class of the first test, generalised: X hits a cached prefix and outgrows it, Y
+    claims X's detached blocks and ends, X keeps writing until its own allocations take them
+    back. Whatever is stored must hold its tokens' rows (checked after every call)."""
+    length, chunk = 24, 3
+    blocks = min_live_blocks(length, window, tpb, chunk) + spare
+    cfg = BlockManagerConfig(
+        [LayerSpec(window, 1, 1)],
+        max_seq_len=length,
+        kv_budget_bytes=blocks * 4 * tpb,
+        host_budget_bytes=host * 4 * tpb,
+        tokens_per_block=tpb,
+        max_tokens_per_call=chunk,
+        default_priority=default_priority,
+    )
+    rt = _Runtime(KVBlockManager(cfg, env={}))
+    base = list(range(1, prefix * tpb + 1))
+    rt.add_chunked("s0", base, chunk)
+    rt.remove("s0")
+    rt.add_chunked("X", base + [90], chunk)
+    for step, n in enumerate(grow):
+        if len(rt.tokens["X"]) + n > length:
+            break
+        rt.extend("X", [100 + step] * n)
+        if step == 1:  # X's prefix blocks are detached by now: Y claims them, then ends
+            with contextlib.suppress(OutOfBlocksError):  # X may hold too much right now
+                rt.add_chunked("Y", base + [91], chunk)
+            if "Y" in rt.tokens:
+                rt.remove("Y")
+    rt.remove("X")
+    assert rt.mgr.stats().live_sequences == 0
 
 
 def test_onboard_leaves_the_onboarding_sequence_storable() -> None:
