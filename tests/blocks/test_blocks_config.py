@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
@@ -164,7 +165,7 @@ def test_budget_too_small_says_how_much_is_needed() -> None:
 
 def test_budget_check_is_sized_for_max_tokens_per_call() -> None:
     """A call holds all its blocks until the next one, so the minimum grows with the chunk."""
-    base = {"max_seq_len": 1024, "kv_budget_bytes": 1 << 20, "tokens_per_block": 16}
+    base: dict[str, Any] = {"max_seq_len": 1024, "kv_budget_bytes": 1 << 20, "tokens_per_block": 16}
     layers = uniform_layers([64, None], 1, 8)
     by_chunk = {
         c: KVBlockManager(BlockManagerConfig(layers, max_tokens_per_call=c, **base), env={})
@@ -185,4 +186,5 @@ def test_budget_check_is_sized_for_max_tokens_per_call() -> None:
         KVBlockManager(small, env={})
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ConfigError, match=f"max_tokens_per_call={bad!r} must be an integer"):
-            KVBlockManager(BlockManagerConfig(layers, max_tokens_per_call=bad, **base), env={})
+            cfg = BlockManagerConfig(layers, max_tokens_per_call=bad, **base)  # type: ignore[arg-type]
+            KVBlockManager(cfg, env={})

@@ -296,7 +296,7 @@ def test_numpy_integer_priorities_are_accepted() -> None:
     assert all(type(b.priority) is int for b in wm.seqs[1].live())
     assert (
         KVBlockManager(
-            BlockManagerConfig([LayerSpec(None, 1, 1)], 8, 1 << 10, default_priority=np.uint8(7)),
+            BlockManagerConfig([LayerSpec(None, 1, 1)], 8, 1 << 10, default_priority=np.uint8(7)),  # type: ignore[arg-type]
             env={},
         ).add_sequence("x", [1])
         == 0

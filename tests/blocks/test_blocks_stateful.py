@@ -88,7 +88,7 @@ class BlockMachine(RuleBasedStateMachine):
             )
         )
         # a full-attention layer, or SWA only (its hits are then never capped by a full window)
-        full = [None] if n_swa == 2 or data.draw(st.booleans()) else []
+        full: list[int | None] = [None] if n_swa == 2 or data.draw(st.booleans()) else []
         windows = sorted(swa) + [max_seq_len] * len(full)
         chunk = data.draw(st.sampled_from([1, 1, 2, tpb, 3 * tpb, 12]))
         spare = st.sampled_from([0, 0, 1, 2, 5])  # tight pools: blocks cycle between owners
@@ -101,7 +101,7 @@ class BlockMachine(RuleBasedStateMachine):
         block_bytes = 4 * tpb  # one layer per window: 1 kv head, head_dim 1, float16, K+V
         total = sum(blocks)
         cfg = BlockManagerConfig(
-            layers=uniform_layers(swa + full, 1, 1),
+            layers=uniform_layers([*swa, *full], 1, 1),
             max_seq_len=max_seq_len,
             kv_budget_bytes=total * block_bytes + block_bytes // 2,
             host_budget_bytes=int(total * host_fraction) * block_bytes + block_bytes // 2,

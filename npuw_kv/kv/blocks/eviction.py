@@ -18,6 +18,7 @@ import operator
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import SupportsIndex
 
 from .block import EMPTY_LEVEL, MAX_PRIORITY, MIN_PRIORITY, KVBlock
 from .errors import ConfigError
@@ -36,7 +37,10 @@ class PrioritySpec:
     """Maps a block index to its retention priority for one sequence."""
 
     def __init__(
-        self, priority: int | Sequence[PriorityRange] | None, default: int, tokens_per_block: int
+        self,
+        priority: SupportsIndex | Sequence[PriorityRange] | None,
+        default: int,
+        tokens_per_block: int,
     ) -> None:
         self.default = default
         self.tpb = tokens_per_block
@@ -71,7 +75,7 @@ class PrioritySpec:
         return self.default
 
 
-def check_priority(value: int, what: str) -> int:
+def check_priority(value: SupportsIndex, what: str) -> int:
     """Return ``value`` as a plain ``int``; raise a ConfigError unless it is a valid priority.
 
     Any integer type is accepted (numpy integers included, via ``__index__``), so a priority

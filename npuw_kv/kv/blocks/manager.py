@@ -30,6 +30,7 @@ import operator
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import SupportsIndex
 
 import numpy as np
 
@@ -125,7 +126,7 @@ class KVBlockManager:
         self,
         seq_id: Hashable,
         tokens: Iterable[int],
-        priority: int | Sequence[PriorityRange] | None = None,
+        priority: SupportsIndex | Sequence[PriorityRange] | None = None,
     ) -> int:
         """Start a sequence with its prompt; return the number of prompt tokens reused."""
         if seq_id in self._seqs:
