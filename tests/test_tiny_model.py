@@ -83,18 +83,12 @@ def test_tiny_layout(tiny_pipe):
         {"static_models": True},
         {"kv_binding": "copy"},
         {"static_models": True, "kv_binding": "copy"},
+        {"static_models": True, "prefill_chunk_size": 64},  # one chunk: no prefill past at all
     ],
 )
 def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):
-    pipe = LLMPipeline(
-        tiny_dir,
-        "CPU",
-        prefill_chunk_size=C,
-        max_prompt_len=64,
-        min_response_len=40,
-        **EXACT_F32,
-        **extra,
-    )
+    settings = {"prefill_chunk_size": C, "max_prompt_len": 64, "min_response_len": 40}
+    pipe = LLMPipeline(tiny_dir, "CPU", **{**settings, **EXACT_F32, **extra})
     for length in (C + 1, 60):
         ids = (np.arange(length, dtype=np.int64) * 104729 + 5) % 49000 + 100
         assert pipe.generate(ids, max_new_tokens=24, ignore_eos=True).tokens == tiny_reference(

@@ -51,7 +51,12 @@ class KVBinding:
         self._staging_out: dict[str, np.ndarray] = {}
         self._scratch: dict[str, ov.Tensor] = {}
         for port in ports:
-            if mode == "roi":
+            if mode == "roi" and past_len == 0:
+                # one chunk covers MAX_PROMPT_LEN: the static prefill model has no past at all
+                spec = cache.specs[port.name]
+                empty = np.zeros((1, spec.num_heads, 0, spec.head_dim), cache.dtype)
+                request.set_tensor(port.name, cache.tensor(empty))
+            elif mode == "roi":
                 request.set_tensor(port.name, cache.view(port.name, 0, past_len))
             else:
                 spec = cache.specs[port.name]
