@@ -83,6 +83,14 @@ def reference_logits(smol_dir: Path):
 
 
 _PIPES: dict[tuple, LLMPipeline] = {}
+REPORT: list[str] = []  # lines for the end-of-run summary (e.g. max |dlogit| per case)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if REPORT:
+        terminalreporter.section("npuw-kv accuracy vs references")
+        for line in REPORT:
+            terminalreporter.write_line(line)
 
 
 def make_pipe(smol_dir: Path, device: str, **extra) -> LLMPipeline:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CHUNK, make_pipe
+from conftest import CHUNK, REPORT, make_pipe
 
 LENGTHS = [1, CHUNK - 1, CHUNK, CHUNK + 1, 1000]
 NEW_TOKENS = 32
@@ -18,7 +18,11 @@ def test_greedy_tokens_match_genai(smol_pipe, text_ids, genai_reference, referen
     pairs = enumerate(zip(result.tokens, expected, strict=True))
     first_diff = next((i for i, (a, b) in pairs if a != b), None)
     delta = float(np.abs(result.first_logits - reference_logits(ids)).max())
-    print(f"\n{smol_pipe.config.device} len={length}: max|dlogit| at first position {delta:.2e}")
+    agreement = "all equal" if first_diff is None else f"first divergence at {first_diff}"
+    REPORT.append(
+        f"{smol_pipe.config.device} prompt {length:4d}, {NEW_TOKENS} new tokens: {agreement}; "
+        f"max |dlogit| at the first generated position {delta:.2e}"
+    )
     assert first_diff is None, f"diverges at generated token {first_diff}"
     assert len(result.tokens) == NEW_TOKENS
     # NPUW's default partitioning changes the arithmetic of its CPU sub-models (see the
