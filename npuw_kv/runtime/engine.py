@@ -6,6 +6,7 @@ logits, not text (that is :mod:`npuw_kv.pipeline`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -43,18 +44,19 @@ class StaticRunner:
         # that mode the prefill reads the whole, contiguous buffer too; static models (separate
         # graphs) read the strided view [0, MAX_PROMPT_LEN - C).
         self.prefill_past = shapes.generate_past if requests.shared_weights else shapes.prefill_past
-        self.prefill_binding = KVBinding(
-            requests.prefill,
-            ports,
-            self.cache,
-            self.prefill_past,
-            shapes.chunk,
-            kv_binding,
-            self.copied,
-        )
-        self.generate_binding = KVBinding(
-            requests.generate, ports, self.cache, shapes.generate_past, 1, kv_binding, self.copied
-        )
+        try:
+            self._bind(ports, kv_binding)
+        except RuntimeError as exc:
+            if kv_binding != "roi":
+                raise
+            # a device that refuses strided (ROI) tensors: stage through contiguous copies
+            warnings.warn(
+                f"device refused ROI views of the KV cache ({exc}); using kv_binding='copy'",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            kv_binding = "copy"
+            self._bind(ports, kv_binding)
         self.kv_binding = kv_binding
         self._first_slot = 0  # first live slot (after front padding)
         self._next_slot = 0  # where the next token's KV goes
@@ -62,6 +64,21 @@ class StaticRunner:
         self.switch_copied_bytes = 0
         self.prefill_copied_bytes = 0
         self._at_switch = False
+
+    def _bind(self, ports: list[BoundPort], mode: str) -> None:
+        shapes = self.shapes
+        self.prefill_binding = KVBinding(
+            self.requests.prefill,
+            ports,
+            self.cache,
+            self.prefill_past,
+            shapes.chunk,
+            mode,
+            self.copied,
+        )
+        self.generate_binding = KVBinding(
+            self.requests.generate, ports, self.cache, shapes.generate_past, 1, mode, self.copied
+        )
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -147,4 +164,3 @@ class StaticRunner:
         self._next_slot += 1
         self._next_position += 1
         return logits[-1].copy()
-
