@@ -54,7 +54,7 @@ def test_bad_mode_is_reported_and_the_rest_still_runs(tmp_path, capsys):
         [
             "accuracy",
             "--prompt-lens",
-            "64",
+            "64,9000",  # 9000: longer than the stdlib text (and the model's 8k context)
             "--devices",
             "CPU",
             "--modes",
@@ -66,8 +66,12 @@ def test_bad_mode_is_reported_and_the_rest_still_runs(tmp_path, capsys):
             str(out),
         ]
     )
-    results = {r["mode"]: r for r in json.loads((out / "results.json").read_text())}
+    rows = json.loads((out / "results.json").read_text())
+    results = {(r["mode"], r["prompt_len"]): r for r in rows}
     assert code == 1
-    assert results["exact"]["passed"] and results["exact"]["matched"] == 4
-    assert "unknown mode 'nope'" in results["nope"]["error"]
-    assert "outside tolerance: CPU/nope/C256/64" in capsys.readouterr().err
+    assert results["exact", 64]["passed"] and results["exact", 64]["matched"] == 4
+    assert "unknown mode 'nope'" in results["nope", 64]["error"]
+    too_long = results["exact", 9000]
+    assert not too_long["passed"] and "fewer than the 9000 asked" in too_long["error"]
+    err = capsys.readouterr().err
+    assert "CPU/nope/C256/64" in err and "CPU/exact/C256/9000" in err
