@@ -9,6 +9,16 @@ from typing import Any
 from .config import EXACT_F32
 
 
+def _text_args(parser: argparse.ArgumentParser, new_tokens: int) -> None:
+    parser.add_argument("--max-new-tokens", "-n", type=int, default=new_tokens)
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.1,
+        help="> 1 discourages repeating prompt/output tokens (API default 1.0, as genai)",
+    )
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -74,6 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         streamer=_stream,
         apply_chat_template=not args.no_chat_template,
+        repetition_penalty=args.repetition_penalty,
     )
     print()
     print(
@@ -102,7 +113,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line:
             continue
         try:
-            pipe.generate(line, max_new_tokens=args.max_new_tokens, streamer=_stream)
+            pipe.generate(
+                line,
+                max_new_tokens=args.max_new_tokens,
+                streamer=_stream,
+                repetition_penalty=args.repetition_penalty,
+            )
         except ValueError as exc:  # e.g. history grew past MAX_PROMPT_LEN
             print(f"\n[error] {exc}\n[history cleared]", file=sys.stderr)
             pipe.start_chat(args.system or "")
@@ -182,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text from a prompt (streams)")
     _model_args(gen)
-    gen.add_argument("--max-new-tokens", "-n", type=int, default=128)
+    _text_args(gen, 128)
     gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     gen.add_argument("prompt")
     gen.set_defaults(func=cmd_generate)
     chat = sub.add_parser("chat", help="interactive chat (REPL)")
     _model_args(chat)
-    chat.add_argument("--max-new-tokens", "-n", type=int, default=256)
+    _text_args(chat, 256)
     chat.add_argument("--system", default=None, help="system message")
     chat.set_defaults(func=cmd_chat)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")

@@ -137,7 +137,7 @@ class LLMPipeline:
     def _generate_ids(
         self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer | None
     ) -> GenerationResult:
-        sampler = Sampler(config)
+        sampler = Sampler(config, ids)
         text_streamer = openvino_genai.TextStreamer(self.tokenizer, streamer) if streamer else None
         eos = None if config.ignore_eos else config.eos_token_id
         start = time.perf_counter()

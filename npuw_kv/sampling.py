@@ -22,6 +22,7 @@ class GenerationConfig:
     ignore_eos: bool = False
     eos_token_id: int | None = None
     apply_chat_template: bool = True  # text prompts go through the chat template (as genai)
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -32,6 +33,8 @@ class GenerationConfig:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         self.stop_strings = set(self.stop_strings)
 
     @classmethod
@@ -49,11 +52,32 @@ class GenerationConfig:
 class Sampler:
     """Chooses tokens; holds the random generator so a seed makes a run repeatable."""
 
-    def __init__(self, config: GenerationConfig) -> None:
+    def __init__(self, config: GenerationConfig, prompt: np.ndarray | None = None) -> None:
         self.config = config
         self.rng = np.random.default_rng(config.rng_seed)
+        self.seen: set[int] = set() if prompt is None else {int(t) for t in prompt}
+
+    def _penalize(self, logits: np.ndarray) -> np.ndarray:
+        """CTRL-style penalty (as in transformers / genai): positive logits of tokens seen so
+        far are divided by the penalty, negative ones multiplied."""
+        idx = np.fromiter(self.seen, np.int64, len(self.seen))
+        idx = idx[(idx >= 0) & (idx < logits.size)]
+        out = logits.astype(np.float32, copy=True)
+        seen = out[idx]
+        out[idx] = np.where(
+            seen > 0, seen / self.config.repetition_penalty, seen * self.config.repetition_penalty
+        )
+        return out
 
     def __call__(self, logits: np.ndarray) -> int:
+        cfg = self.config
+        if cfg.repetition_penalty != 1.0 and self.seen:
+            logits = self._penalize(logits)
+        token = self._choose(logits)
+        self.seen.add(token)
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
         cfg = self.config
         if not cfg.do_sample:
             return int(np.argmax(logits))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import openvino_genai
 import pytest
 from conftest import make_pipe
@@ -95,3 +96,20 @@ def test_chat_keeps_history_through_the_template(pipe):
         assert first.text.strip()[:10] in history_prompt
     finally:
         pipe.finish_chat()
+
+
+def test_repetition_penalty_discourages_seen_tokens(pipe):
+    from npuw_kv.sampling import GenerationConfig, Sampler
+
+    logits = np.array([3.0, 2.9, -1.0, 0.5], np.float32)
+    assert Sampler(GenerationConfig(), prompt=np.array([0]))(logits) == 0
+    penalized = Sampler(GenerationConfig(repetition_penalty=1.2), prompt=np.array([0]))
+    assert penalized(logits) == 1  # 3.0 / 1.2 = 2.5 < 2.9
+    assert penalized(np.array([-1.0, -1.1, -1.15, -5.0], np.float32)) == 2  # -1.2, -1.32 (seen)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        GenerationConfig(repetition_penalty=0)
+    prompt = "Why is the sky blue?"
+    plain = pipe.generate(prompt, max_new_tokens=48, ignore_eos=True)
+    varied = pipe.generate(prompt, max_new_tokens=48, ignore_eos=True, repetition_penalty=1.3)
+    assert varied.tokens != plain.tokens
+    assert len(set(varied.tokens)) >= len(set(plain.tokens))
