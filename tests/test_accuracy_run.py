@@ -41,7 +41,8 @@ def test_reduced_matrix_within_tolerance(tmp_path, capsys):
     cpu = [r for r in gated if r["device"] == "CPU"]
     assert all(r["max_abs_dlogit"] < 1e-3 for r in cpu)
     peer = [r for r in results if r["mode"].startswith("npuw-llm")]
-    assert len(peer) == 2 and all(r["error"] and "NPUW" in r["error"] for r in peer)
+    assert len(peer) == 2
+    assert all("npuw-llm cannot run this model" in (r["error"] or "") for r in peer)
     assert code == 0
     assert "CPU/exact/C256/4096" in printed
     assert (out / "report.md").read_text().startswith("# npuw-kv accuracy")

@@ -7,7 +7,7 @@ each position gives the token agreement (identical to free-running up to the fir
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,8 +110,8 @@ def run_matrix(
     model_dir: Path,
     prompt_lens: Iterable[int],
     new_tokens: int,
-    devices: Iterable[str],
-    modes: Iterable[str],
+    devices: Sequence[str],
+    modes: Sequence[str],
     chunks: Iterable[int],
     progress: Callable[[str], None] = lambda _: None,
     peer: bool = True,
@@ -134,7 +134,10 @@ def run_matrix(
                         results.append(r)
             continue
         if peer:
-            results.append(_npuw_peer(model_dir, ids, ref_tokens, prompt_len, new_tokens))
+            for label, device, props in _peers(modes, prompt_len, new_tokens):
+                results.append(
+                    _peer(label, device, props, model_dir, ids, ref_tokens, prompt_len, new_tokens)
+                )
         for device in devices:
             for mode in modes:
                 for chunk in chunks:
@@ -178,29 +181,44 @@ def _run_one(
     )
 
 
-def _npuw_peer(
-    model_dir: Path, ids: np.ndarray, ref_tokens: list[int], prompt_len: int, new_tokens: int
+def _peer(
+    label: str,
+    device: str,
+    properties: dict[str, Any],
+    model_dir: Path,
+    ids: np.ndarray,
+    ref_tokens: list[int],
+    prompt_len: int,
+    new_tokens: int,
 ) -> Result:
-    """NPUW's own LLM pipeline (NPU plugin, sub-models on CPU): tokens only, not gated."""
-    result = Result(prompt_len, "NPU", "npuw-llm (peer)", 256, new_tokens)
-    result.passed = True  # the peer is reported, never gated
+    """Another runtime's greedy tokens against the reference: reported, never gated."""
+    result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
+    result.passed = True
     try:
-        peer = GenaiReference(
-            model_dir,
-            "NPU",
-            NPUW_DEVICES="CPU",
-            MAX_PROMPT_LEN=-(-prompt_len // 256) * 256,
-            MIN_RESPONSE_LEN=max(new_tokens, 64),
-            NPUW_LLM_PREFILL_CHUNK_SIZE=256,
-        )
-        tokens = peer.generate(ids, new_tokens)
+        tokens = GenaiReference(model_dir, device, **properties).generate(ids, new_tokens)
     except Exception as exc:
-        result.error = f"NPUW cannot run this model: {str(exc).strip().splitlines()[-1][:200]}"
+        reason = str(exc).strip().splitlines()[-1][:200]
+        result.error = f"{label} cannot run this model: {reason}"
         return result
     divergence = metrics.first_divergence(tokens, ref_tokens)
     result.matched = new_tokens if divergence is None else divergence
     result.first_divergence = divergence
     return result
+
+
+def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:
+    """NPUW's own LLM pipeline always; genai at CPU defaults next to our device-default mode,
+    so a divergence there can be read against what the reference runtime itself does."""
+    npuw = {
+        "NPUW_DEVICES": "CPU",
+        "MAX_PROMPT_LEN": -(-prompt_len // 256) * 256,
+        "MIN_RESPONSE_LEN": max(new_tokens, 64),
+        "NPUW_LLM_PREFILL_CHUNK_SIZE": 256,
+    }
+    peers = [("npuw-llm", "NPU", npuw)]
+    if "device-default" in modes:
+        peers.append(("genai-default", "CPU", {}))
+    return peers
 
 
 __all__ = ["MODES", "TOLERANCE", "Result", "run_matrix", "stdlib_text"]
