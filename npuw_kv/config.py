@@ -7,7 +7,7 @@ openvino-genai's NPU pipeline work unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 DEVICES = ("CPU", "NPU")
@@ -153,6 +153,3 @@ class PipelineConfig:
         if "kv_binding" in values:
             values["kv_binding"] = str(values["kv_binding"]).lower()
         return cls(**values, compile_properties=passthrough)
-
-    def with_updates(self, **kwargs: Any) -> PipelineConfig:
-        return replace(self, **kwargs)

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 
-SEQ_AXIS = 2
-
 # precision -> (numpy storage dtype, OpenVINO element type). numpy has no bfloat16, so bf16
 # rows are stored as uint16 bit patterns and typed bf16 only in the ov.Tensor wrappers.
 KV_STORAGE: dict[str, tuple[type[np.generic], ov.Type]] = {
@@ -79,8 +77,3 @@ class SharedKVCache:
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """numpy view of slots ``[start, stop)`` (strided, no copy)."""
         return self.buffers[name][:, :, start:stop, :]
-
-    def clear(self) -> None:
-        """Zero all slots.  Not needed for correctness (masks hide stale slots); for tests."""
-        for buf in self.buffers.values():
-            buf.fill(0)
