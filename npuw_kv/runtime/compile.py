@@ -11,9 +11,6 @@ from ..config import PipelineConfig
 from ..model.layout import KVLayout
 from ..model.variants import StaticShapes, shared_dynamic, static_pair
 
-CPU_SUBMODEL_PROPERTIES = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
-
-
 @dataclass
 class Requests:
     prefill: ov.InferRequest
@@ -64,12 +61,6 @@ def compile_requests(
     core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
 ) -> Requests:
     device, props = device_properties(core, config)
-    if device == "NPU" and "CPU" in str(props.get("NPUW_DEVICES", "")):
-        # NPUW compiles its CPU sub-models through this core: CPU properties (precision,
-        # dynamic quantization) must be set on the core to reach them.
-        cpu = {k: v for k, v in props.items() if k in CPU_SUBMODEL_PROPERTIES}
-        if cpu:
-            core.set_property("CPU", cpu)
     if config.use_static_models:
         prefill_model, generate_model = static_pair(model, layout, shapes)
         prefill = core.compile_model(prefill_model, device, props).create_infer_request()
