@@ -11,6 +11,7 @@ from ..config import PipelineConfig
 from ..model.layout import KVLayout
 from ..model.variants import StaticShapes, shared_dynamic, static_pair
 
+
 @dataclass
 class Requests:
     prefill: ov.InferRequest
