@@ -43,10 +43,13 @@ class SharedKVCache:
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
-        self.buffers: dict[str, np.ndarray] = {
-            s.name: np.zeros((1, s.num_heads, capacity, s.head_dim), self.dtype) for s in specs
-        }
+        self.buffers: dict[str, np.ndarray] = {s.name: self.zeros(s.name, capacity) for s in specs}
         self._parents = {name: self.tensor(buf) for name, buf in self.buffers.items()}
+
+    def zeros(self, name: str, rows: int) -> np.ndarray:
+        """A zeroed host array laid out like ``rows`` slots of buffer ``name`` (staging etc.)."""
+        spec = self.specs[name]
+        return np.zeros((1, spec.num_heads, rows, spec.head_dim), self.dtype)
 
     def tensor(self, array: np.ndarray) -> ov.Tensor:
         """An ``ov.Tensor`` of the cache's element type sharing ``array``'s memory."""

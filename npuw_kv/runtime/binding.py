@@ -53,15 +53,12 @@ class KVBinding:
         for port in ports:
             if mode == "roi" and past_len == 0:
                 # one chunk covers MAX_PROMPT_LEN: the static prefill model has no past at all
-                spec = cache.specs[port.name]
-                empty = np.zeros((1, spec.num_heads, 0, spec.head_dim), cache.dtype)
-                request.set_tensor(port.name, cache.tensor(empty))
+                request.set_tensor(port.name, cache.tensor(cache.zeros(port.name, 0)))
             elif mode == "roi":
                 request.set_tensor(port.name, cache.view(port.name, 0, past_len))
             else:
-                spec = cache.specs[port.name]
-                past = np.zeros((1, spec.num_heads, past_len, spec.head_dim), cache.dtype)
-                new = np.zeros((1, spec.num_heads, new_tokens, spec.head_dim), cache.dtype)
+                past = cache.zeros(port.name, past_len)
+                new = cache.zeros(port.name, new_tokens)
                 self._staging_in[port.name] = past
                 self._staging_out[port.name] = new
                 request.set_tensor(port.name, cache.tensor(past))
@@ -97,9 +94,7 @@ class KVBinding:
             return self.cache.view(name, start, stop)
         # The very last step's KV is never read again (the cache is then full): discard it.
         if name not in self._scratch:
-            spec = self.cache.specs[name]
-            shape = (1, spec.num_heads, self.new_tokens, spec.head_dim)
-            self._scratch[name] = self.cache.tensor(np.zeros(shape, self.cache.dtype))
+            self._scratch[name] = self.cache.tensor(self.cache.zeros(name, self.new_tokens))
         return self._scratch[name]
 
     def after(self, write_slots: tuple[int, int]) -> None:
