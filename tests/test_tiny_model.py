@@ -1,7 +1,10 @@
-"""A tiny random Llama of our making (models/make_tiny_gguf.py): fast, different shapes.
+"""Tiny random Llamas of our making, from both model sources: fast, different shapes.
 
 4 query / 2 KV heads, head_dim 16, 2 layers: exercises GQA, the broadcast fix and the chunk
-loop with a small chunk (C=16) on a graph that is not SmolLM2's.
+loop with a small chunk (C=16) on graphs that are not SmolLM2's.  Each test runs on a GGUF
+converted by openvino-genai (models/make_tiny_gguf.py) and on an optimum-intel IR directory
+(models/make_tiny_optimum_ir.py: transformers + optimum-intel, whose graph differs in input and
+state names, RoPE, GQA and SDPA form, and rt_info).
 """
 
 from __future__ import annotations
@@ -20,13 +23,17 @@ from npuw_kv.pipeline import LLMPipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402
+from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 C = 16
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["gguf", "optimum-intel"])
+def tiny_dir(request, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
+    if request.param == "optimum-intel":
+        # needs the `optimum` extra and optimum-intel (README's test command installs both)
+        return resolve_model(make_tiny_optimum_ir(root / "ir", std=0.2, seed=3))
     gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
     return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
 

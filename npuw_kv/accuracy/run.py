@@ -20,8 +20,9 @@ from ..prompts import prompt_ids, stdlib_text
 from . import metrics
 from .reference import EXACT_REFERENCE, GenaiReference, StatefulReference
 
-# mode -> pipeline settings.  Tolerances (max |dlogit| vs the f32 reference; None = report only)
-# are per device: NPUW's default partitioning rounds in its CPU sub-models (2-3e-2 measured).
+# mode -> pipeline settings.  Tolerances: max |dlogit| vs the f32 reference, None = report only.
+# The f32 hint also keeps NPUW's tensors between sub-graphs f32 (runtime/compile.py), so the NPU
+# path is held to the CPU bound.
 MODES: dict[str, dict[str, Any]] = {
     "exact": {"kv_precision": "f32", **EXACT_F32},
     "copy": {"kv_precision": "f32", "kv_binding": "copy", **EXACT_F32},
@@ -30,10 +31,10 @@ MODES: dict[str, dict[str, Any]] = {
     "device-default": {},
 }
 TOLERANCE: dict[str, dict[str, float | None]] = {
-    "exact": {"CPU": 1e-3, "NPU": 0.1},
-    "copy": {"CPU": 1e-3, "NPU": 0.1},
-    "static": {"CPU": 1e-3, "NPU": 0.1},
-    "f16-kv": {"CPU": 0.1, "NPU": 0.2},
+    "exact": {"CPU": 1e-3, "NPU": 1e-3},
+    "copy": {"CPU": 1e-3, "NPU": 1e-3},
+    "static": {"CPU": 1e-3, "NPU": 1e-3},
+    "f16-kv": {"CPU": 0.1, "NPU": 0.1},
     "device-default": {"CPU": None, "NPU": None},
 }
 SECRET = "4721"

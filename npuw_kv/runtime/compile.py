@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +21,39 @@ class Requests:
     device_properties: dict[str, Any]
 
 
+_BANKS = itertools.count()
+
+
+def _is_f32(hint: Any) -> bool:
+    name = hint.get_type_name() if isinstance(hint, ov.Type) else str(hint)
+    return name.lower() in ("f32", "float32")
+
+
 def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[str, Any]]:
-    """The plugin name and its properties for ``config.device``."""
+    """The plugin name and its properties for ``config.device``.
+
+    On NPU the two static models share their weights the way NPUW's own LLM pipeline does:
+    ``NPUW_FOLD`` turns the repeated layers into one function whose weights are inputs held in
+    a weights bank, and one ``NPUW_WEIGHTS_BANK`` per pipeline lets prefill and generate read
+    the same bank (measured on SmolLM2: peak RSS 1345 -> 804 MB).  An f32 precision hint also
+    turns off NPUW's f16 tensors between sub-graphs (``NPUW_F16IC``), which otherwise round the
+    result (|dlogit| 3e-2 -> 5e-5).  Any of these set explicitly wins.
+    """
     props: dict[str, Any] = {}
     if config.device == "NPU":
         npuw_devices = config.npuw_devices
         if "NPU" in core.available_devices and npuw_devices == "CPU":
             npuw_devices = "NPU,CPU"  # a real NPU is present: use it, CPU as fallback
-        props.update({"NPU_USE_NPUW": "YES", "NPUW_DEVICES": npuw_devices})
+        props.update(
+            {
+                "NPU_USE_NPUW": "YES",
+                "NPUW_DEVICES": npuw_devices,
+                "NPUW_FOLD": "YES",
+                "NPUW_WEIGHTS_BANK": f"npuw_kv_{next(_BANKS)}",
+            }
+        )
+        if _is_f32(config.compile_properties.get("INFERENCE_PRECISION_HINT", "")):
+            props["NPUW_F16IC"] = "NO"
     if config.num_threads and config.device == "CPU":
         props["INFERENCE_NUM_THREADS"] = config.num_threads
     props.update(config.compile_properties)
