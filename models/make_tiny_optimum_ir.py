@@ -119,8 +119,6 @@ def make_tiny_optimum_ir(
     """
     torch = _require("torch")
     transformers = _require("transformers")
-    ov_export = _require("optimum.exporters.openvino")
-    ov_intel = _require("optimum.intel")
     out = Path(out_dir)
     hf_dir = out / "hf"
     if hf_dir.exists():
@@ -148,6 +146,16 @@ def make_tiny_optimum_ir(
     model.generation_config.do_sample = False
     model.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
+    export_hf_dir(hf_dir, out)
+    if not keep_hf:
+        shutil.rmtree(hf_dir)
+    return out
+
+
+def export_hf_dir(hf_dir: Path, out: Path) -> None:
+    """``optimum-cli export openvino --task text-generation-with-past --weight-format fp16``."""
+    ov_export = _require("optimum.exporters.openvino")
+    ov_intel = _require("optimum.intel")
     ov_export.main_export(
         model_name_or_path=str(hf_dir),
         output=out,
@@ -158,9 +166,6 @@ def make_tiny_optimum_ir(
         library_name="transformers",
         local_files_only=True,
     )
-    if not keep_hf:
-        shutil.rmtree(hf_dir)
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:

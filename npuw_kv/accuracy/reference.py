@@ -2,7 +2,8 @@
 
 Both run exact f32 (f32 compute, no dynamic quantization, f32 KV), the primary reference the
 issue asks for.  The stateful IR is the untouched model graph: its logits are what our
-rewritten, chunked, static graph must reproduce.
+rewritten, chunked, static graph must reproduce.  :class:`NpuwLLM` is the peer: NPUW's own
+LLM pipeline, driven the same teacher-forced way so its logits compare like ours.
 """
 
 from __future__ import annotations
@@ -33,6 +34,42 @@ class GenaiReference:
         return [int(t) for t in result.tokens[0]]
 
 
+def _llm_inputs(ids: np.ndarray, start: int) -> dict[str, np.ndarray]:
+    n = len(ids)
+    return {
+        "input_ids": np.asarray(ids, np.int64)[None],
+        "attention_mask": np.ones((1, start + n), np.int64),
+        "position_ids": np.arange(start, start + n, dtype=np.int64)[None],
+        "beam_idx": np.zeros(1, np.int32),
+    }
+
+
+class NpuwLLM:
+    """NPUW's LLM pipeline (``NPUW_LLM=YES`` on the NPU plugin) with its own defaults.
+
+    It is what openvino-genai runs on NPU; called directly it hands back the logits of every
+    step, so the peer is teacher-forced on the reference continuation like our pipeline.
+    """
+
+    def __init__(self, model_dir: Path, **properties: Any) -> None:
+        core = ov.Core()
+        model = core.read_model(str(model_dir / "openvino_model.xml"))
+        props = {"NPU_USE_NPUW": "YES", "NPUW_LLM": "YES", **properties}
+        self.request = core.compile_model(model, "NPU", props).create_infer_request()
+
+    def _feed(self, ids: np.ndarray, start: int) -> np.ndarray:
+        self.request.infer(_llm_inputs(ids, start))
+        return self.request.get_tensor("logits").data[0, -1].copy()
+
+    def run(self, prompt: np.ndarray, continuation: list[int]) -> np.ndarray:
+        """Row i predicts ``continuation[i]`` (as :meth:`StatefulReference.run`)."""
+        self.request.reset_state()
+        rows = [self._feed(prompt, 0)]
+        for i, token in enumerate(continuation[:-1]):
+            rows.append(self._feed(np.array([token]), len(prompt) + i))
+        return np.stack(rows)
+
+
 class StatefulReference:
     """The original stateful IR, exact f32: prompt logits in chunks, then teacher forcing."""
 
@@ -43,15 +80,7 @@ class StatefulReference:
         self.chunk = chunk
 
     def _feed(self, ids: np.ndarray, start: int) -> np.ndarray:
-        n = len(ids)
-        self.request.infer(
-            {
-                "input_ids": np.asarray(ids, np.int64)[None],
-                "attention_mask": np.ones((1, start + n), np.int64),
-                "position_ids": np.arange(start, start + n, dtype=np.int64)[None],
-                "beam_idx": np.zeros(1, np.int32),
-            }
-        )
+        self.request.infer(_llm_inputs(ids, start))
         return self.request.get_tensor("logits").data[0]
 
     def run(self, prompt: np.ndarray, continuation: list[int]) -> tuple[float, np.ndarray]:

@@ -18,7 +18,7 @@ from ..config import EXACT_F32
 from ..pipeline import LLMPipeline
 from ..prompts import prompt_ids, stdlib_text
 from . import metrics
-from .reference import EXACT_REFERENCE, GenaiReference, StatefulReference
+from .reference import EXACT_REFERENCE, GenaiReference, NpuwLLM, StatefulReference
 
 # mode -> pipeline settings.  Tolerances: max |dlogit| vs the f32 reference, None = report only.
 # The f32 hint also keeps NPUW's tensors between sub-graphs f32 (runtime/compile.py), so the NPU
@@ -136,9 +136,9 @@ def run_matrix(
             continue
         if peer:
             for label, device, props in _peers(modes, prompt_len, new_tokens):
-                results.append(
-                    _peer(label, device, props, model_dir, ids, ref_tokens, prompt_len, new_tokens)
-                )
+                result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
+                _peer(result, props, model_dir, ids, ref_tokens, ref_logits)
+                results.append(result)
         for device in devices:
             for mode in modes:
                 for chunk in chunks:
@@ -183,28 +183,37 @@ def _run_one(
 
 
 def _peer(
-    label: str,
-    device: str,
+    result: Result,
     properties: dict[str, Any],
     model_dir: Path,
     ids: np.ndarray,
     ref_tokens: list[int],
-    prompt_len: int,
-    new_tokens: int,
-) -> Result:
-    """Another runtime's greedy tokens against the reference: reported, never gated."""
-    result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
+    ref_logits: np.ndarray,
+) -> None:
+    """Another runtime against the reference: reported, never gated.
+
+    NPUW's LLM pipeline is teacher-forced like ours (tokens, |dlogit|, KL); genai at its
+    defaults runs free (tokens only).
+    """
+    label = result.mode.removesuffix(" (peer)")
     result.passed = True
     try:
-        tokens = GenaiReference(model_dir, device, **properties).generate(ids, new_tokens)
+        if label == "npuw-llm":
+            logits = NpuwLLM(model_dir, **properties).run(ids, ref_tokens)
+            greedy = [int(np.argmax(row)) for row in logits]
+            result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
+            result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
+        else:
+            greedy = GenaiReference(model_dir, result.device, **properties).generate(
+                ids, result.new_tokens
+            )
     except Exception as exc:
         reason = str(exc).strip().splitlines()[-1][:200]
         result.error = f"{label} cannot run this model: {reason}"
-        return result
-    divergence = metrics.first_divergence(tokens, ref_tokens)
-    result.matched = new_tokens if divergence is None else divergence
+        return
+    divergence = metrics.first_divergence(greedy, ref_tokens)
+    result.matched = result.new_tokens if divergence is None else divergence
     result.first_divergence = divergence
-    return result
 
 
 def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:
@@ -212,8 +221,8 @@ def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple
     so a divergence there can be read against what the reference runtime itself does."""
     npuw = {
         "NPUW_DEVICES": "CPU",
-        "MAX_PROMPT_LEN": -(-prompt_len // 256) * 256,
-        "MIN_RESPONSE_LEN": max(new_tokens, 64),
+        "NPUW_LLM_MAX_PROMPT_LEN": -(-prompt_len // 256) * 256,
+        "NPUW_LLM_MIN_RESPONSE_LEN": max(new_tokens, 64),
         "NPUW_LLM_PREFILL_CHUNK_SIZE": 256,
     }
     peers = [("npuw-llm", "NPU", npuw)]

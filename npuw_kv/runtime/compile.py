@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,9 +90,27 @@ def compile_requests(
 ) -> Requests:
     device, props = device_properties(core, config)
     if config.use_static_models:
-        prefill_model, generate_model = static_pair(model, layout, shapes)
-        prefill = core.compile_model(prefill_model, device, props).create_infer_request()
-        generate = core.compile_model(generate_model, device, props).create_infer_request()
+        pair = static_pair(model, layout, shapes)
+
+        def compile_pair(p: dict[str, Any]) -> list[ov.InferRequest]:
+            return [core.compile_model(m, device, p).create_infer_request() for m in pair]
+
+        try:
+            prefill, generate = compile_pair(props)
+        except RuntimeError as exc:
+            if props.get("NPUW_FOLD") != "YES" or "NPUW_FOLD" in config.compile_properties:
+                raise
+            # e.g. optimum-intel's fp16 SmolLM2 export: NPUW's folding fails in a plain
+            # compile ("unordered_map::at"); run unfolded, at the cost of a second weight copy
+            reason = str(exc).strip().splitlines()[-1]
+            warnings.warn(
+                f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
+                "the prefill and generate models hold separate copies of the weights",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            props = {**props, "NPUW_FOLD": "NO"}
+            prefill, generate = compile_pair(props)
         return Requests(prefill, generate, False, props)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
