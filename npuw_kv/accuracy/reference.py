@@ -73,10 +73,14 @@ class NpuwLLM:
 class StatefulReference:
     """The original stateful IR, exact f32: prompt logits in chunks, then teacher forcing."""
 
-    def __init__(self, model_dir: Path, chunk: int = 256) -> None:
+    def __init__(
+        self, model_dir: Path, chunk: int = 256, properties: dict[str, Any] | None = None
+    ) -> None:
+        """``properties``: CPU compile properties, exact f32 unless given ({} = defaults)."""
         core = ov.Core()
         model = core.read_model(str(model_dir / "openvino_model.xml"))
-        self.request = core.compile_model(model, "CPU", EXACT_REFERENCE).create_infer_request()
+        props = EXACT_REFERENCE if properties is None else properties
+        self.request = core.compile_model(model, "CPU", props).create_infer_request()
         self.chunk = chunk
 
     def _feed(self, ids: np.ndarray, start: int) -> np.ndarray:

@@ -192,14 +192,17 @@ def _peer(
 ) -> None:
     """Another runtime against the reference: reported, never gated.
 
-    NPUW's LLM pipeline is teacher-forced like ours (tokens, |dlogit|, KL); genai at its
-    defaults runs free (tokens only).
+    NPUW's LLM pipeline and the stateful IR at the CPU's defaults are teacher-forced like
+    ours (tokens, |dlogit|, KL); genai at its defaults runs free (tokens only).
     """
     label = result.mode.removesuffix(" (peer)")
     result.passed = True
     try:
-        if label == "npuw-llm":
-            logits = NpuwLLM(model_dir, **properties).run(ids, ref_tokens)
+        if label in ("npuw-llm", "ir-default"):
+            if label == "npuw-llm":
+                logits = NpuwLLM(model_dir, **properties).run(ids, ref_tokens)
+            else:
+                logits = StatefulReference(model_dir, properties=properties).run(ids, ref_tokens)[1]
             greedy = [int(np.argmax(row)) for row in logits]
             result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
             result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
@@ -217,8 +220,9 @@ def _peer(
 
 
 def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:
-    """NPUW's own LLM pipeline always; genai at CPU defaults next to our device-default mode,
-    so a divergence there can be read against what the reference runtime itself does."""
+    """NPUW's own LLM pipeline always.  Next to our device-default mode: the untouched stateful
+    IR and genai, both at the CPU's defaults, so a divergence there can be read against what
+    the plugin itself does with the same precision settings."""
     npuw = {
         "NPUW_DEVICES": "CPU",
         "NPUW_LLM_MAX_PROMPT_LEN": -(-prompt_len // 256) * 256,
@@ -227,7 +231,7 @@ def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple
     }
     peers = [("npuw-llm", "NPU", npuw)]
     if "device-default" in modes:
-        peers.append(("genai-default", "CPU", {}))
+        peers += [("ir-default", "CPU", {}), ("genai-default", "CPU", {})]
     return peers
 
 
