@@ -18,7 +18,8 @@ PROMPT, NEW_TOKENS = 1000, 64
 
 
 def _mb(key: str) -> int:
-    line = next(x for x in open("/proc/self/status") if x.startswith(key + ":"))
+    with open("/proc/self/status") as status:
+        line = next(x for x in status if x.startswith(key + ":"))
     return int(line.split()[1]) // 1024
 
 
