@@ -98,11 +98,16 @@ def compile_requests(
         try:
             prefill, generate = compile_pair(props)
         except RuntimeError as exc:
-            if props.get("NPUW_FOLD") != "YES" or "NPUW_FOLD" in config.compile_properties:
+            if props.get("NPUW_FOLD") != "YES":
                 raise
+            reason = str(exc).strip().splitlines()[-1]
+            if "NPUW_FOLD" in config.compile_properties:
+                raise RuntimeError(
+                    f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
+                    "NPUW_FOLD unset to fall back to NPUW_FOLD=NO when folding fails"
+                ) from exc
             # e.g. optimum-intel's fp16 SmolLM2 export: NPUW's folding fails in a plain
             # compile ("unordered_map::at"); run unfolded, at the cost of a second weight copy
-            reason = str(exc).strip().splitlines()[-1]
             warnings.warn(
                 f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
                 "the prefill and generate models hold separate copies of the weights",
