@@ -13,6 +13,7 @@ from typing import Any
 DEVICES = ("CPU", "NPU")
 KV_PRECISIONS = ("auto", "f32", "f16", "bf16")
 KV_BINDINGS = ("roi", "copy")
+GGUF_ZERO_POINTS = ("genai", "exact")
 
 # alias (upper case) -> field name
 _ALIASES: dict[str, str] = {
@@ -25,6 +26,7 @@ _ALIASES: dict[str, str] = {
     "KV_CACHE_PRECISION": "kv_precision",
     "KV_PRECISION": "kv_precision",
     "KV_BINDING": "kv_binding",
+    "GGUF_ZERO_POINTS": "gguf_zero_points",
     "STATIC_MODELS": "static_models",
     "NPUW_DEVICES": "npuw_devices",
     "NUM_THREADS": "num_threads",
@@ -81,6 +83,7 @@ class PipelineConfig:
     npuw_devices: str = "CPU"
     num_threads: int = 0
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
+    gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,6 +110,11 @@ class PipelineConfig:
             )
         if self.kv_binding not in KV_BINDINGS:
             raise ValueError(f"kv_binding (KV_BINDING) {self.kv_binding!r} not in {KV_BINDINGS}")
+        if self.gguf_zero_points not in GGUF_ZERO_POINTS:
+            raise ValueError(
+                f"gguf_zero_points (GGUF_ZERO_POINTS) {self.gguf_zero_points!r} "
+                f"not in {GGUF_ZERO_POINTS}"
+            )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
         chunk = self.prefill_chunk_size
@@ -150,6 +158,7 @@ class PipelineConfig:
             values["static_models"] = _as_bool("static_models", values["static_models"])
         if "kv_precision" in values:
             values["kv_precision"] = str(values["kv_precision"]).lower()
-        if "kv_binding" in values:
-            values["kv_binding"] = str(values["kv_binding"]).lower()
+        for name in ("kv_binding", "gguf_zero_points"):
+            if name in values:
+                values[name] = str(values[name]).lower()
         return cls(**values, compile_properties=passthrough)

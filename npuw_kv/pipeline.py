@@ -57,7 +57,7 @@ class LLMPipeline:
         self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any
     ) -> None:
         self.config = PipelineConfig.from_kwargs(device, **config)
-        self.model_dir = resolve_model(model)
+        self.model_dir = resolve_model(model, zero_points=self.config.gguf_zero_points)
         self.core = ov.Core()
         kv_precision = resolve_kv_precision(self.core, self.config)
         prepared, layout = prepare(

@@ -26,7 +26,7 @@ def test_reduced_matrix_within_tolerance(tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
-    gated = [r for r in results if not r["mode"].startswith("npuw-llm")]
+    gated = [r for r in results if "(peer)" not in r["mode"]]
     assert {(r["device"], r["prompt_len"]) for r in gated} == {
         ("CPU", 1024),
         ("CPU", 4096),
@@ -43,6 +43,12 @@ def test_reduced_matrix_within_tolerance(tmp_path, capsys):
     peer = [r for r in results if r["mode"].startswith("npuw-llm")]
     assert len(peer) == 2
     assert all("npuw-llm cannot run this model" in (r["error"] or "") for r in peer)
+    # transformers on the same GGUF disagrees with openvino-genai's conversion of it: the
+    # converter rounds Q4_1 zero points (test_gguf_fix.py checks the fix); if this starts
+    # failing, the converter got exact and gguf_zero_points="exact" can go
+    torch = [r for r in results if r["mode"] == "torch (peer)"]
+    assert len(torch) == 2 and all(r["error"] is None for r in torch), torch
+    assert all(r["mean_kl"] > 0.05 for r in torch), torch
     assert code == 0
     assert "CPU/exact/C256/4096" in printed
     assert (out / "report.md").read_text().startswith("# npuw-kv accuracy")

@@ -4,6 +4,9 @@ Both run exact f32 (f32 compute, no dynamic quantization, f32 KV), the primary r
 issue asks for.  The stateful IR is the untouched model graph: its logits are what our
 rewritten, chunked, static graph must reproduce.  :class:`NpuwLLM` is the peer: NPUW's own
 LLM pipeline, driven the same teacher-forced way so its logits compare like ours.
+:class:`TorchReference` is the independent one: transformers running the same weights in f32,
+when torch and transformers are installed and the weights are at hand (a GGUF or a
+transformers directory; an OpenVINO IR alone has none).
 """
 
 from __future__ import annotations
@@ -110,3 +113,50 @@ class StatefulReference:
             rows.append(self._feed(np.array([token]), len(prompt) + i)[-1].copy())
         ppl = float(np.exp(np.concatenate(nll).mean())) if len(prompt) > 1 else float("nan")
         return ppl, np.stack(rows)
+
+
+def torch_weights(model: str | Path | None) -> Path | None:
+    """Where transformers can load the weights of ``model`` (as given to the CLI), if anywhere."""
+    from ..model.source import default_gguf
+
+    if model is None or str(model).lower() == "smollm2":
+        return default_gguf()
+    path = Path(model)
+    if path.suffix.lower() == ".gguf":
+        return path
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    if (path / "config.json").is_file() and any((path / w).exists() for w in weights):
+        return path
+    return None
+
+
+class TorchReference:
+    """transformers' implementation of the model on the same weights, f32 (GGUF dequantized)."""
+
+    def __init__(self, weights: Path | None) -> None:
+        if weights is None:
+            raise RuntimeError(
+                "no PyTorch weights for this model: pass the .gguf or a transformers directory"
+            )
+        try:
+            import torch
+            import transformers
+        except ImportError as exc:
+            raise RuntimeError(
+                f"the PyTorch reference needs torch and transformers ({exc}); "
+                "pip install -e '.[optimum]'"
+            ) from exc
+        load = transformers.AutoModelForCausalLM.from_pretrained
+        if weights.suffix.lower() == ".gguf":
+            model = load(str(weights.parent), gguf_file=weights.name, dtype=torch.float32)
+        else:
+            model = load(str(weights), dtype=torch.float32)
+        self.model = model.eval()
+        self.torch = torch
+
+    def run(self, prompt: np.ndarray, continuation: list[int]) -> np.ndarray:
+        """One causal forward over prompt + continuation; rows as :meth:`NpuwLLM.run`."""
+        tokens = [int(t) for t in prompt] + [int(t) for t in continuation[:-1]]
+        with self.torch.no_grad():
+            logits = self.model(self.torch.tensor([tokens])).logits[0]
+        return logits[len(prompt) - 1 :].float().numpy()

@@ -18,7 +18,13 @@ from ..config import EXACT_F32
 from ..pipeline import LLMPipeline
 from ..prompts import prompt_ids, stdlib_text
 from . import metrics
-from .reference import EXACT_REFERENCE, GenaiReference, NpuwLLM, StatefulReference
+from .reference import (
+    EXACT_REFERENCE,
+    GenaiReference,
+    NpuwLLM,
+    StatefulReference,
+    TorchReference,
+)
 
 # mode -> pipeline settings.  Tolerances: max |dlogit| vs the f32 reference, None = report only.
 # The f32 hint also keeps NPUW's tensors between sub-graphs f32 (runtime/compile.py), so the NPU
@@ -116,9 +122,14 @@ def run_matrix(
     chunks: Iterable[int],
     progress: Callable[[str], None] = lambda _: None,
     peer: bool = True,
+    torch_source: Path | None = None,
 ) -> list[Result]:
-    """Run every configuration; failures are recorded in their Result, never raised."""
+    """Run every configuration; failures are recorded in their Result, never raised.
+
+    ``torch_source``: weights for the PyTorch peer (a GGUF or a transformers directory).
+    """
     results: list[Result] = []
+    torch: list[TorchReference | Exception] = []  # loaded on first use, once
     genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
     stateful = StatefulReference(model_dir)
     for prompt_len in prompt_lens:
@@ -139,6 +150,7 @@ def run_matrix(
                 result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
                 _peer(result, props, model_dir, ids, ref_tokens, ref_logits)
                 results.append(result)
+            results.append(_torch_peer(torch, torch_source, ids, ref_tokens, ref_logits))
         for device in devices:
             for mode in modes:
                 for chunk in chunks:
@@ -217,6 +229,37 @@ def _peer(
     divergence = metrics.first_divergence(greedy, ref_tokens)
     result.matched = result.new_tokens if divergence is None else divergence
     result.first_divergence = divergence
+
+
+def _torch_peer(
+    loaded: list[TorchReference | Exception],
+    source: Path | None,
+    ids: np.ndarray,
+    ref_tokens: list[int],
+    ref_logits: np.ndarray,
+) -> Result:
+    """transformers on the same weights: an implementation independent of OpenVINO."""
+    result = Result(len(ids), "CPU", "torch (peer)", len(ids), len(ref_tokens), passed=True)
+    if not loaded:
+        try:
+            loaded.append(TorchReference(source))
+        except Exception as exc:  # not installed, no weights: say so, carry on
+            loaded.append(exc)
+    reference = loaded[0]
+    try:
+        if isinstance(reference, Exception):
+            raise reference
+        logits = reference.run(ids, ref_tokens)
+    except Exception as exc:
+        result.error = f"torch reference: {str(exc).strip().splitlines()[-1][:200]}"
+        return result
+    greedy = [int(np.argmax(row)) for row in logits]
+    divergence = metrics.first_divergence(greedy, ref_tokens)
+    result.matched = result.new_tokens if divergence is None else divergence
+    result.first_divergence = divergence
+    result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
+    result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
+    return result
 
 
 def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:

