@@ -209,26 +209,21 @@ def _peer(
     """
     label = result.mode.removesuffix(" (peer)")
     result.passed = True
+    logits: np.ndarray | None = None
+    tokens: list[int] | None = None
     try:
-        if label in ("npuw-llm", "ir-default"):
-            if label == "npuw-llm":
-                logits = NpuwLLM(model_dir, **properties).run(ids, ref_tokens)
-            else:
-                logits = StatefulReference(model_dir, properties=properties).run(ids, ref_tokens)[1]
-            greedy = [int(np.argmax(row)) for row in logits]
-            result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
-            result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
+        if label == "npuw-llm":
+            logits = NpuwLLM(model_dir, **properties).run(ids, ref_tokens)
+        elif label == "ir-default":
+            logits = StatefulReference(model_dir, properties=properties).run(ids, ref_tokens)[1]
         else:
-            greedy = GenaiReference(model_dir, result.device, **properties).generate(
-                ids, result.new_tokens
-            )
+            genai = GenaiReference(model_dir, result.device, **properties)
+            tokens = genai.generate(ids, result.new_tokens)
     except Exception as exc:
         reason = str(exc).strip().splitlines()[-1][:200]
         result.error = f"{label} cannot run this model: {reason}"
         return
-    divergence = metrics.first_divergence(greedy, ref_tokens)
-    result.matched = result.new_tokens if divergence is None else divergence
-    result.first_divergence = divergence
+    _score_peer(result, logits, ref_tokens, ref_logits, tokens)
 
 
 def _torch_peer(
@@ -253,13 +248,25 @@ def _torch_peer(
     except Exception as exc:
         result.error = f"torch reference: {str(exc).strip().splitlines()[-1][:200]}"
         return result
-    greedy = [int(np.argmax(row)) for row in logits]
-    divergence = metrics.first_divergence(greedy, ref_tokens)
+    _score_peer(result, logits, ref_tokens, ref_logits)
+    return result
+
+
+def _score_peer(
+    result: Result,
+    logits: np.ndarray | None,
+    ref_tokens: list[int],
+    ref_logits: np.ndarray,
+    tokens: list[int] | None = None,
+) -> None:
+    """Agreement of a peer's teacher-forced ``logits`` (or free-running ``tokens``)."""
+    if logits is not None:
+        tokens = [int(np.argmax(row)) for row in logits]
+        result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
+        result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
+    divergence = metrics.first_divergence(tokens or [], ref_tokens)
     result.matched = result.new_tokens if divergence is None else divergence
     result.first_divergence = divergence
-    result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
-    result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
-    return result
 
 
 def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:
