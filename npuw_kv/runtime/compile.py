@@ -25,9 +25,9 @@ class Requests:
 _BANKS = itertools.count()
 
 
-def _is_f32(hint: Any) -> bool:
-    name = hint.get_type_name() if isinstance(hint, ov.Type) else str(hint)
-    return name.lower() in ("f32", "float32")
+def _type_name(hint: Any) -> str:
+    """An element-type hint (``ov.Type`` or a string) as a lower-case name, e.g. "bf16"."""
+    return (hint.get_type_name() if isinstance(hint, ov.Type) else str(hint)).lower()
 
 
 def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[str, Any]]:
@@ -53,7 +53,8 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
                 "NPUW_WEIGHTS_BANK": f"npuw_kv_{next(_BANKS)}",
             }
         )
-        if _is_f32(config.compile_properties.get("INFERENCE_PRECISION_HINT", "")):
+        hint = _type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
+        if hint in ("f32", "float32"):
             props["NPUW_F16IC"] = "NO"
     if config.num_threads and config.device == "CPU":
         props["INFERENCE_NUM_THREADS"] = config.num_threads
@@ -76,9 +77,8 @@ def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
     hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
     if hint is None:
         hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
-    name = hint.get_type_name() if isinstance(hint, ov.Type) else str(hint).lower()
     precision = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}.get(
-        name, "f32"
+        _type_name(hint), "f32"
     )
     # a hint the hardware cannot honour falls back to f32 compute: then only f32 is lossless
     capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
