@@ -23,6 +23,33 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def genai_pipeline(
+    runtime: str, model_dir: Any, props: dict[str, Any], max_prompt: int, min_response: int
+) -> Any:
+    """openvino-genai's pipeline as the peer ``runtime`` runs it (cold: no prefix caching)."""
+    import openvino_genai
+
+    if runtime == "genai-cpu":
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        return openvino_genai.LLMPipeline(
+            str(model_dir), "CPU", scheduler_config=scheduler, **props
+        )
+    if runtime == "genai-sdpa":
+        return openvino_genai.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props)
+    if runtime == "npuw-llm":
+        return openvino_genai.LLMPipeline(
+            str(model_dir),
+            "NPU",
+            NPUW_DEVICES="CPU",
+            MAX_PROMPT_LEN=max_prompt,
+            MIN_RESPONSE_LEN=min_response,
+            NPUW_LLM_PREFILL_CHUNK_SIZE=256,
+            **props,
+        )
+    raise ValueError(f"unknown runtime {runtime!r}; choose from {RUNTIMES}")
+
+
 def _worker(
     runtime: str,
     model: str | None,
@@ -70,29 +97,7 @@ def _worker(
             "tokens": r.tokens,
         }
     else:
-        props: dict[str, Any] = dict(extra)
-        if runtime == "genai-cpu":
-            scheduler = openvino_genai.SchedulerConfig()
-            scheduler.enable_prefix_caching = False
-            pipe = openvino_genai.LLMPipeline(
-                str(model_dir), "CPU", scheduler_config=scheduler, **props
-            )
-        elif runtime == "genai-sdpa":
-            pipe = openvino_genai.LLMPipeline(
-                str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props
-            )
-        elif runtime == "npuw-llm":
-            pipe = openvino_genai.LLMPipeline(
-                str(model_dir),
-                "NPU",
-                NPUW_DEVICES="CPU",
-                MAX_PROMPT_LEN=max_prompt,
-                MIN_RESPONSE_LEN=max(128, new_tokens),
-                NPUW_LLM_PREFILL_CHUNK_SIZE=256,
-                **props,
-            )
-        else:
-            raise ValueError(f"unknown runtime {runtime!r}; choose from {RUNTIMES}")
+        pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, max(128, new_tokens))
         load_s = time.perf_counter() - load_start
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens = new_tokens

@@ -57,14 +57,9 @@ def _worker(runtime: str, properties: dict[str, str]) -> None:
             pipe.runner.step(5)
         _stage("decode")
         return
-    kwargs: dict[str, object] = dict(properties)
-    if runtime == "genai-cpu":
-        scheduler = openvino_genai.SchedulerConfig()
-        scheduler.enable_prefix_caching = False
-        kwargs["scheduler_config"] = scheduler
-    else:
-        kwargs["ATTENTION_BACKEND"] = "SDPA"
-    genai = openvino_genai.LLMPipeline(str(model), "CPU", **kwargs)
+    from npuw_kv.bench import genai_pipeline
+
+    genai = genai_pipeline(runtime, model, dict(properties), 1024, 128)
     _stage("load")
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.ignore_eos = NEW_TOKENS, True
