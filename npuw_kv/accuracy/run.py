@@ -129,7 +129,7 @@ def run_matrix(
     ``torch_source``: weights for the PyTorch peer (a GGUF or a transformers directory).
     """
     results: list[Result] = []
-    torch: list[TorchReference | Exception] = []  # loaded on first use, once
+    torch: TorchReference | Exception | None = None  # loaded on first use, once
     genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
     stateful = StatefulReference(model_dir)
     for prompt_len in prompt_lens:
@@ -150,7 +150,9 @@ def run_matrix(
                 result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
                 _peer(result, props, model_dir, ids, ref_tokens, ref_logits)
                 results.append(result)
-            results.append(_torch_peer(torch, torch_source, ids, ref_tokens, ref_logits))
+            if torch is None:
+                torch = _load_torch(torch_source)
+            results.append(_torch_peer(torch, ids, ref_tokens, ref_logits))
         for device in devices:
             for mode in modes:
                 for chunk in chunks:
@@ -226,21 +228,21 @@ def _peer(
     _score_peer(result, logits, ref_tokens, ref_logits, tokens)
 
 
+def _load_torch(source: Path | None) -> TorchReference | Exception:
+    try:
+        return TorchReference(source)
+    except Exception as exc:  # not installed, no weights: each torch row says so
+        return exc
+
+
 def _torch_peer(
-    loaded: list[TorchReference | Exception],
-    source: Path | None,
+    reference: TorchReference | Exception,
     ids: np.ndarray,
     ref_tokens: list[int],
     ref_logits: np.ndarray,
 ) -> Result:
     """transformers on the same weights: an implementation independent of OpenVINO."""
     result = Result(len(ids), "CPU", "torch (peer)", len(ids), len(ref_tokens), passed=True)
-    if not loaded:
-        try:
-            loaded.append(TorchReference(source))
-        except Exception as exc:  # not installed, no weights: say so, carry on
-            loaded.append(exc)
-    reference = loaded[0]
     try:
         if isinstance(reference, Exception):
             raise reference
