@@ -22,6 +22,7 @@ from .model.source import resolve_model
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import compile_requests, resolve_kv_precision
 from .runtime.engine import StaticRunner
+from .runtime.heap import release_free_heap
 from .sampling import GenerationConfig, Sampler
 
 Streamer = Callable[[str], Any]
@@ -72,6 +73,8 @@ class LLMPipeline:
         self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         self._history: list[dict[str, str]] | None = None
+        # compiling left its temporaries in the C heap: give them back (-12 MB peak RSS)
+        release_free_heap()
 
     # -- genai-shaped accessors -------------------------------------------------------------
     def get_tokenizer(self) -> openvino_genai.Tokenizer:
