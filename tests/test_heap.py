@@ -37,4 +37,3 @@ def test_freed_heap_pages_are_released() -> None:
     released = held - _rss_anon_mb()
     libc.free(pin)
     assert released > 32, f"only {released:.1f} MB of 64 MB freed heap went back to the OS"
-
