@@ -33,7 +33,12 @@ _ALIASES: dict[str, str] = {
     "INFERENCE_NUM_THREADS": "num_threads",
 }
 # OpenVINO properties passed through to compile_model unchanged (the plugin validates values).
-_PASSTHROUGH = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "CACHE_DIR")
+_PASSTHROUGH = (
+    "INFERENCE_PRECISION_HINT",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+    "CACHE_DIR",
+    "SNIPPETS_MODE",
+)
 _PASSTHROUGH_PREFIXES = ("NPUW_", "NPU_")
 
 EXACT_F32 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}

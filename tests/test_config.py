@@ -34,6 +34,8 @@ def test_device_choice_of_static_models():
 def test_openvino_properties_pass_through():
     cfg = PipelineConfig.from_kwargs("NPU", INFERENCE_PRECISION_HINT="f32", NPUW_FOLD="NO")
     assert cfg.compile_properties == {"INFERENCE_PRECISION_HINT": "f32", "NPUW_FOLD": "NO"}
+    low_memory = PipelineConfig.from_kwargs("CPU", snippets_mode="DISABLE")
+    assert low_memory.compile_properties == {"SNIPPETS_MODE": "DISABLE"}
 
 
 @pytest.mark.parametrize(
