@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from typing import Any
 
 import numpy as np
 
@@ -64,8 +65,8 @@ _MODULES = (
 )
 
 
-def stdlib_text() -> str:
-    """Concatenated docstrings of the module list and their public classes and functions."""
+def stdlib_docstrings() -> list[str]:
+    """Docstrings of the module list and their public classes and functions, in order."""
     parts: list[str] = []
     for name in _MODULES:
         module = importlib.import_module(name)
@@ -78,12 +79,28 @@ def stdlib_text() -> str:
                 doc = inspect.getdoc(obj)
                 if doc:
                     parts.append(doc)
-    return "\n\n".join(parts)
+    return parts
 
 
-def prompt_ids(tokenizer, num_tokens: int) -> np.ndarray:
-    """The first ``num_tokens`` ids of the stdlib text (raises if the text is too short)."""
-    ids = np.asarray(tokenizer.encode(stdlib_text()).input_ids.data, np.int64).reshape(-1)
-    if ids.size < num_tokens:
-        raise ValueError(f"stdlib text has {ids.size} tokens, fewer than the {num_tokens} asked")
-    return ids[:num_tokens].copy()
+def stdlib_text() -> str:
+    """The docstrings joined by blank lines: the text the prompts are cut from."""
+    return "\n\n".join(stdlib_docstrings())
+
+
+def prompt_ids(tokenizer: Any, num_tokens: int) -> np.ndarray:
+    """The first ``num_tokens`` ids of the stdlib text (raises if the text is too short).
+
+    The text is encoded one docstring at a time, each with the blank line that precedes it in
+    the text, until there are enough ids.  Encoding it whole would let the tokenizer decide:
+    openvino-genai's GGUF tokenizer keeps only the *last* 8192 tokens of a long input, which
+    took the prompts from the end of the text and capped them at 8192 tokens.  The pieces split
+    where byte-level BPE pre-tokenization splits anyway, so they give the ids of the whole text.
+    """
+    ids: list[int] = []
+    for i, doc in enumerate(stdlib_docstrings()):
+        text = doc if i == 0 else "\n\n" + doc
+        encoded = tokenizer.encode(text, add_special_tokens=i == 0).input_ids.data
+        ids.extend(int(t) for t in np.asarray(encoded).reshape(-1))
+        if len(ids) >= num_tokens:
+            return np.asarray(ids[:num_tokens], np.int64)
+    raise ValueError(f"stdlib text has {len(ids)} tokens, fewer than the {num_tokens} asked")
