@@ -65,15 +65,16 @@ def _integer_zero_points(model) -> list:
 def test_exact_zero_points_match_transformers_on_the_same_gguf(tmp_path):
     """With exact zero points the IR agrees with transformers running the GGUF (the torch
     peer); with openvino-genai's rounded ones it does not (test_accuracy_run.py).  Perplexity
-    says which one is the model: 15.8 here, 19.2 from the rounded conversion."""
+    says which one is the model: 11.64 here and in transformers, 14.2 from the rounded
+    conversion."""
     out = tmp_path / "acc"
     argv = ["accuracy", "--prompt-lens", "1024", "--devices", "CPU", "--modes", "exact"]
     assert main([*argv, "--gguf-zero-points", "exact", "--out", str(out)]) == 0
     results = {r["mode"]: r for r in json.loads((out / "results.json").read_text())}
     assert results["exact"]["passed"]
-    assert results["exact"]["ppl_ref"] < 17.0
     torch = results["torch (peer)"]
     assert torch["error"] is None, torch["error"]
+    assert abs(torch["ppl"] - results["exact"]["ppl_ref"]) / torch["ppl"] < 0.01, torch
     assert torch["matched"] == 64 and torch["mean_kl"] < 1e-4 and torch["max_abs_dlogit"] < 0.1
 
 

@@ -154,9 +154,13 @@ class TorchReference:
         self.model = model.eval()
         self.torch = torch
 
-    def run(self, prompt: np.ndarray, continuation: list[int]) -> np.ndarray:
-        """One causal forward over prompt + continuation; rows as :meth:`NpuwLLM.run`."""
+    def run(self, prompt: np.ndarray, continuation: list[int]) -> tuple[float, np.ndarray]:
+        """One causal forward over prompt + continuation: the prompt perplexity, and the rows
+        that predict each continuation token (as :meth:`NpuwLLM.run`)."""
+        from .metrics import perplexity
+
         tokens = [int(t) for t in prompt] + [int(t) for t in continuation[:-1]]
         with self.torch.no_grad():
-            logits = self.model(self.torch.tensor([tokens])).logits[0]
-        return logits[len(prompt) - 1 :].float().numpy()
+            logits = self.model(self.torch.tensor([tokens])).logits[0].float().numpy()
+        n = len(prompt)
+        return perplexity(logits[: n - 1], np.asarray(prompt[1:])), logits[n - 1 :]

@@ -246,7 +246,7 @@ def _torch_peer(
     try:
         if isinstance(reference, Exception):
             raise reference
-        logits = reference.run(ids, ref_tokens)
+        result.ppl, logits = reference.run(ids, ref_tokens)
     except Exception as exc:
         result.error = f"torch reference: {str(exc).strip().splitlines()[-1][:200]}"
         return result
