@@ -88,17 +88,19 @@ def test_bad_mode_is_reported_and_the_rest_still_runs(tmp_path, capsys):
     assert "CPU/nope/C256/64" in err and "CPU/exact/C256/9000" in err
 
 
-def test_device_default_diverges_no_sooner_than_the_plugin_itself(tmp_path):
+def test_device_default_errs_no_more_than_the_plugin_itself(tmp_path):
     """At the CPU's defaults (bf16 compute, int8 dynamic quantization) greedy tokens leave the
     f32 reference after a few steps.  That is the plugin's arithmetic, not our rewrites: the
-    untouched stateful IR compiled with the same defaults (the ``ir-default`` peer) does the
-    same, and ours must be no worse."""
+    untouched stateful IR compiled with the same defaults (the ``ir-default`` peer) has the same
+    error, and ours must be no larger.  Error size, not the number of equal tokens: where the
+    path first flips is a matter of near-ties (on the 1k prompt genai at its defaults flips at
+    token 1, the stateful IR at 36, we at 3; with the previous prompt all three at 6)."""
     out = tmp_path / "acc"
     argv = ["accuracy", "--prompt-lens", "1024", "--devices", "CPU", "--modes", "device-default"]
     assert main([*argv, "--out", str(out)]) == 0  # report-only: never gated
     results = {r["mode"]: r for r in json.loads((out / "results.json").read_text())}
     ours, plugin = results["device-default"], results["ir-default (peer)"]
     assert ours["error"] is None and plugin["error"] is None
-    assert ours["matched"] >= plugin["matched"]
-    assert ours["max_abs_dlogit"] <= 1.5 * plugin["max_abs_dlogit"]
+    assert ours["mean_kl"] <= 1.25 * plugin["mean_kl"], (ours, plugin)
+    assert ours["max_abs_dlogit"] <= 1.5 * plugin["max_abs_dlogit"], (ours, plugin)
     assert results["genai-default (peer)"]["error"] is None
