@@ -3,8 +3,8 @@
 A Q4_1 block stores 32 four-bit values q with a scale d and a *minimum* m: w = d*q + m.
 openvino-genai's converter expresses that as OpenVINO's ``(q - z) * d`` with z a 4-bit
 *integer*, i.e. it rounds z = -m/d, shifting every weight of the block by up to d/2.  On
-SmolLM2-135M Q4_1 that costs perplexity 15.8 -> 19.2 (stdlib text, 1k tokens; transformers
-running the same GGUF gives 15.8).  Here the rounded zero points are replaced by the exact
+SmolLM2-135M Q4_1 that costs perplexity 11.6 -> 14.2 (stdlib text, 1k tokens; transformers
+running the same GGUF gives 11.6).  Here the rounded zero points are replaced by the exact
 -m/d in f16, read back from the GGUF.  The IR's rows can be a permutation of the GGUF's (the
 converter undoes llama.cpp's Q/K row order), so rows are matched by content (q and d).
 """
