@@ -57,6 +57,8 @@ def _worker(
     new_tokens: int,
     repeats: int,
     extra: dict[str, Any],
+    max_prompt: int | None = None,
+    min_response: int | None = None,
 ) -> dict[str, Any]:
     import numpy as np
     import openvino as ov
@@ -67,7 +69,10 @@ def _worker(
 
     model_dir = resolve_model(model, log=lambda *a, **k: None)
     ids = prompt_ids(openvino_genai.Tokenizer(str(model_dir)), prompt_len)
-    max_prompt = max(1024, -(-prompt_len // 256) * 256)
+    if max_prompt is None:
+        max_prompt = max(1024, -(-prompt_len // 256) * 256)
+    if min_response is None:
+        min_response = max(128, new_tokens)
     load_start = time.perf_counter()
     ttfts: list[float] = []
     tpots: list[float] = []
@@ -80,7 +85,7 @@ def _worker(
             model_dir,
             device,
             max_prompt_len=max_prompt,
-            min_response_len=max(128, new_tokens),
+            min_response_len=min_response,
             **extra,
         )
         load_s = time.perf_counter() - load_start
@@ -97,7 +102,7 @@ def _worker(
             "tokens": r.tokens,
         }
     else:
-        pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, max(128, new_tokens))
+        pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, min_response)
         load_s = time.perf_counter() - load_start
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens = new_tokens
@@ -134,6 +139,12 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
         "--extra",
         json.dumps(extra),
     ]
+    for flag, value in (
+        ("--max-prompt-len", args.max_prompt_len),
+        ("--min-response-len", args.min_response_len),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
     if args.model:
         cmd += ["--model", str(args.model)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -150,7 +161,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.quick:
         args.prompt_len, args.new_tokens = 1000, 64
     extra = _pipeline_kwargs(args)
-    npuw_extra = dict(extra)
+    # the static shapes go to every worker as their own arguments (npuw-llm needs them too)
+    npuw_extra = {k: v for k, v in extra.items() if k not in ("max_prompt_len", "min_response_len")}
     genai_extra = {k: v for k, v in extra.items() if k.isupper()}
     if args.exact:  # genai's CPU default KV cache is u8; exact means f32 there too
         genai_extra["KV_CACHE_PRECISION"] = "f32"
@@ -208,8 +220,19 @@ def _main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--extra", default="{}")
+    parser.add_argument("--max-prompt-len", type=int, default=None)
+    parser.add_argument("--min-response-len", type=int, default=None)
     a = parser.parse_args()
-    result = _worker(a.worker, a.model, a.prompt_len, a.new_tokens, a.repeats, json.loads(a.extra))
+    result = _worker(
+        a.worker,
+        a.model,
+        a.prompt_len,
+        a.new_tokens,
+        a.repeats,
+        json.loads(a.extra),
+        a.max_prompt_len,
+        a.min_response_len,
+    )
     print(json.dumps(result))
     return 0
 

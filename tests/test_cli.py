@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -45,3 +46,18 @@ def test_chat_repl_keeps_going_until_exit():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("> ") >= 3  # three prompts shown before /exit
     assert len(proc.stdout.replace("> ", "").strip()) > 10  # two answers were streamed
+
+
+def test_bench_runs_with_explicit_static_shapes(capsys, tmp_path):
+    """``bench`` with ``--max-prompt-len`` / ``--min-response-len`` sizes the KV from them."""
+    out_json = tmp_path / "bench.json"
+    argv = ["bench", "--runtimes", "npuw-kv", "--prompt-len", "40", "--new-tokens", "4"]
+    argv += ["--repeats", "1", "--chunk", "64", "--max-prompt-len", "192"]
+    argv += ["--min-response-len", "64", "--kv-precision", "f16", "--json", str(out_json)]
+    assert main(argv) == 0
+    assert "failed" not in capsys.readouterr().out
+    (row,) = json.loads(out_json.read_text())
+    assert row["runtime"] == "npuw-kv" and len(row["tokens"]) == 4
+    # 30 layers x K,V x 3 heads x 64 dims x f16, for TOTAL - 1 = 192 + 64 - 1 slots
+    assert row["kv_bytes"] == 30 * 2 * 3 * 64 * 2 * (192 + 64 - 1)
+    assert row["peak_rss_mb"] > 0 and row["ttft_s"] > 0
