@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 from conftest import CHUNK, REPORT, make_pipe
 
+from npuw_kv.model.transforms import tail_input
+
 LENGTHS = [1, CHUNK - 1, CHUNK, CHUNK + 1, 1000]
 NEW_TOKENS = 32
 
@@ -44,20 +46,35 @@ def test_npuw_f16_intermediates_are_what_rounds(smol_dir, text_ids, reference_lo
 def test_prefill_views_share_the_generate_buffer(smol_pipe, text_ids):
     smol_pipe.generate(text_ids(CHUNK + 7), max_new_tokens=4, ignore_eos=True)
     runner = smol_pipe.runner
+    requests = runner.requests
+
+    def address(tensor) -> int:
+        return tensor.data.__array_interface__["data"][0]
+
     for port in runner.layout.ports:
         buffer = runner.cache.buffers[port.input_name]
-        prefill_past = runner.requests.prefill.get_tensor(port.input_name)
-        generate_past = runner.requests.generate.get_tensor(port.input_name)
+        prefill_past = requests.prefill.get_tensor(port.input_name)
+        generate_past = requests.generate.get_tensor(port.input_name)
         assert np.shares_memory(prefill_past.data, buffer)
         assert np.shares_memory(generate_past.data, buffer)
-        assert prefill_past.data.__array_interface__["data"][0] == buffer.ctypes.data
-        if runner.requests.shared_weights:
-            # one compiled model: both requests read the whole (contiguous) buffer
-            assert prefill_past.data.shape[2] == runner.cache.capacity
+        assert address(prefill_past) == address(generate_past) == buffer.ctypes.data
+        # the prefill reads slots [0, MAX_PROMPT_LEN - C), not a copy of them
+        assert prefill_past.data.shape[2] == runner.shapes.prefill_past
+        if requests.shared_weights:
+            # one compiled model with split past inputs: the prefix segment is contiguous, the
+            # prefill's tail is empty, the generate step's tail is the rest of the same buffer
+            tail = tail_input(port.input_name)
+            assert prefill_past.is_continuous()
+            assert requests.prefill.get_tensor(tail).data.shape[2] == 0
+            generate_tail = requests.generate.get_tensor(tail)
+            assert address(generate_tail) == buffer.ctypes.data + generate_past.byte_size
+            assert generate_past.data.shape[2] + generate_tail.data.shape[2] == (
+                runner.cache.capacity
+            )
         else:
-            # static prefill model: a strided view [0, MAX_PROMPT_LEN - C), not a copy
+            # static models: the prefill past is a strided view of the generate buffer
             assert not prefill_past.is_continuous()
-            assert prefill_past.data.shape[2] == runner.shapes.prefill_past
+            assert generate_past.data.shape[2] == runner.cache.capacity
     stats = smol_pipe.kv_stats()
     assert stats["switch_host_bytes_copied"] == 0
     assert stats["host_bytes_copied"] == 0

@@ -91,6 +91,7 @@ def test_tiny_layout(tiny_pipe):
         {"kv_binding": "copy"},
         {"static_models": True, "kv_binding": "copy"},
         {"static_models": True, "prefill_chunk_size": 64},  # one chunk: no prefill past at all
+        {"prefill_chunk_size": 64},  # the same on the shared model: its KV cache is not split
     ],
 )
 def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):

@@ -7,6 +7,7 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
+from npuw_kv.config import EXACT_F32
 from npuw_kv.model import transforms as T
 from npuw_kv.model.layout import ModelLayoutError, discover_layout
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
@@ -81,3 +82,39 @@ def test_non_llm_graphs_are_rejected():
     no_kv = ov.Model([ops.add(ops.add(ids, mask), pos)], [ids, mask, pos])
     with pytest.raises(ModelLayoutError, match="not a decoder LLM"):
         T.make_stateless(no_kv)
+
+
+def _count(model: ov.Model, kind: str) -> int:
+    return sum(op.get_type_name() == kind for op in model.get_ops())
+
+
+def test_split_past_reads_the_prefix_then_the_tail(smol_model):
+    """``Concat(past, past.tail)`` gives the same logits as one past input holding both parts."""
+    model, layout = prepare(smol_model, kv_precision="f16")  # a Convert sits after each past
+    T.set_shapes(model, layout, None, None, None)
+    plain = model.clone()
+    concats = _count(model, "Concat")
+    assert T.split_past(model, layout) == 60
+    assert _count(model, "Concat") == concats  # the tail joins the new-KV Concat, no extra copy
+    names = {i.get_any_name() for i in model.inputs}
+    assert {T.tail_input(p.input_name) for p in layout.ports} <= names
+
+    core, rng = ov.Core(), np.random.default_rng(0)
+    past = {p.input_name: rng.normal(0, 1, (1, 3, 10, 64)).astype(np.float16) for p in layout.ports}
+    step = {
+        "input_ids": np.array([[42]], np.int64),
+        "position_ids": np.array([[10]], np.int64),
+        "attention_mask": np.ones((1, 11), np.int64),
+    }
+    exact = dict(EXACT_F32)
+    whole = core.compile_model(plain, "CPU", exact).create_infer_request()
+    whole.infer({**step, **past})
+    split = core.compile_model(model, "CPU", exact).create_infer_request()
+    parts = {}
+    for name, value in past.items():
+        parts[name], parts[T.tail_input(name)] = value[:, :, :6].copy(), value[:, :, 6:].copy()
+    split.infer({**step, **parts})
+    index = layout.logits_output_index
+    expected = whole.get_output_tensor(index).data
+    np.testing.assert_allclose(split.get_output_tensor(index).data, expected, atol=1e-5)
+    assert np.abs(expected).max() > 1.0  # real logits, not an all-zero output

@@ -137,6 +137,66 @@ def set_shapes(
     model.reshape(shapes)
 
 
+def _past_param(model: ov.Model, name: str) -> ov.Node:
+    return next(
+        p
+        for p in model.get_parameters()
+        if p.get_friendly_name() == name or name in p.output(0).get_names()
+    )
+
+
+def tail_input(name: str) -> str:
+    """Name of the second past input :func:`split_past` adds next to past input ``name``."""
+    return f"{name}.tail"
+
+
+def split_past(model: ov.Model, layout: KVLayout) -> int:
+    """Give every past input a second part, ``past.tail``, read right after it.
+
+    Two inputs let one dynamic model take its past from two contiguous blocks: the prefill
+    binds the cache's prefix segment ``[0, MAX_PROMPT_LEN - C)`` and an empty tail, so it
+    attends over MAX_PROMPT_LEN positions, not TOTAL + C; the generate step binds both segments.
+    The tail joins the Concat that appends the new KV (one copy per step, as before), and the
+    past length the graph reads off ``ShapeOf(past)`` becomes the sum of both parts.
+    Returns the number of past inputs split.
+    """
+    tails = []
+    for port in layout.ports:
+        param = _past_param(model, port.input_name)
+        tail = ops.parameter(
+            param.get_partial_shape(), param.get_element_type(), name=tail_input(port.input_name)
+        )
+        tail.output(0).set_names({tail_input(port.input_name)})
+        past, extra = param.output(0), tail.output(0)
+        consumers = list(past.get_target_inputs())
+        while len(consumers) == 1 and consumers[0].get_node().get_type_name() == "Convert":
+            convert = consumers[0].get_node()  # the KV-precision upcast: give the tail one too
+            past = convert.output(0)
+            extra = ops.convert(extra, convert.get_destination_type()).output(0)
+            consumers = list(past.get_target_inputs())
+        joined = None
+        for consumer in consumers:
+            node = consumer.get_node()
+            kind = node.get_type_name()
+            if kind == "Concat" and consumer.get_index() == 0 and node.get_axis() in (2, -2):
+                inputs = [node.input_value(i) for i in range(node.get_input_size())]
+                merged = ops.concat([inputs[0], extra, *inputs[1:]], 2)
+                merged.set_friendly_name(node.get_friendly_name())
+                node.output(0).replace(merged.output(0))
+            elif kind == "ShapeOf":
+                index_type = node.get_output_element_type(0)
+                seq_only = ops.constant(np.array([0, 0, 1, 0]), index_type)
+                tail_len = ops.multiply(ops.shape_of(extra, index_type), seq_only)
+                node.output(0).replace(ops.add(ops.shape_of(past, index_type), tail_len).output(0))
+            else:
+                joined = joined or ops.concat([past, extra], 2)
+                consumer.replace_source_output(joined.output(0))
+        tails.append(tail)
+    model.add_parameters(tails)
+    model.validate_nodes_and_infer_types()
+    return len(tails)
+
+
 def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
     """Store the KV cache as ``dtype`` (e.g. f16) while attention still computes in f32.
 
@@ -145,13 +205,8 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
     """
     target = getattr(ov.Type, dtype)
     changed = 0
-    params = {p.get_friendly_name(): p for p in model.get_parameters()}
     for port in layout.ports:
-        param = next(
-            p
-            for name, p in params.items()
-            if name == port.input_name or port.input_name in p.output(0).get_names()
-        )
+        param = _past_param(model, port.input_name)
         compute = param.get_element_type()
         if compute == target:
             continue

@@ -80,7 +80,12 @@ def static_pair(
 
 
 def shared_dynamic(model: ov.Model, layout: KVLayout) -> ov.Model:
-    """Batch 1, sequence dims dynamic: serves both static shapes from one compiled model."""
+    """Batch 1, sequence dims dynamic: serves both static shapes from one compiled model.
+
+    Its past inputs are split (:func:`~npuw_kv.model.transforms.split_past`) so the prefill can
+    read just the prefix of the shared buffer, contiguously.
+    """
     T.set_shapes(model, layout, None, None, None)
+    T.split_past(model, layout)
     model.set_friendly_name("npuw_kv_shared")
     return model

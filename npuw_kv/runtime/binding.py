@@ -2,7 +2,9 @@
 
 ``roi`` mode hands the device strided views of the shared buffers: the past input is the view
 ``[0, past_len)`` (bound once), each present output the view of the slots being written (rebound
-per step).  Nothing is copied on the host.
+per step).  Nothing is copied on the host.  A model with split past inputs (``past`` and
+``past.tail``, see :func:`npuw_kv.model.transforms.split_past`) reads a split cache: the prefix
+segment through ``past`` and slots ``[split, past_len)`` through the tail, both contiguous.
 
 ``copy`` mode is for devices that refuse strided tensors: the request gets contiguous staging
 tensors; before an inference the rows that changed since the last sync are copied into the past
@@ -18,6 +20,7 @@ import openvino as ov
 
 from ..kv.cache import SharedKVCache
 from ..kv.copy import CopyCounter, safe_copy
+from ..model.transforms import tail_input
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,16 @@ class KVBinding:
         new_tokens: int,
         mode: str,
         counter: CopyCounter,
+        split_past: bool = False,
     ) -> None:
         if past_len > cache.capacity:
             raise ValueError(f"past length {past_len} exceeds KV capacity {cache.capacity}")
+        split = cache.split_at
+        if split is not None and (not split_past or mode != "roi" or past_len < split):
+            raise ValueError(
+                f"a KV cache split at slot {split} needs a split-past model bound in roi mode "
+                f"with a past of at least {split} slots (got {mode}, past {past_len})"
+            )
         self.request = request
         self.ports = ports
         self.cache = cache
@@ -51,11 +61,16 @@ class KVBinding:
         self._staging_out: dict[str, np.ndarray] = {}
         self._scratch: dict[str, ov.Tensor] = {}
         for port in ports:
-            if mode == "roi" and past_len == 0:
+            empty = cache.tensor(cache.zeros(port.name, 0))
+            head = past_len if split is None else split
+            if split_past:
+                tail = cache.view(port.name, head, past_len) if past_len > head else empty
+                request.set_tensor(tail_input(port.name), tail)
+            if mode == "roi" and head == 0:
                 # one chunk covers MAX_PROMPT_LEN: the static prefill model has no past at all
-                request.set_tensor(port.name, cache.tensor(cache.zeros(port.name, 0)))
+                request.set_tensor(port.name, empty)
             elif mode == "roi":
-                request.set_tensor(port.name, cache.view(port.name, 0, past_len))
+                request.set_tensor(port.name, cache.view(port.name, 0, head))
             else:
                 past = cache.zeros(port.name, past_len)
                 new = cache.zeros(port.name, new_tokens)

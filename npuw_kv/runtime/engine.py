@@ -32,18 +32,15 @@ class StaticRunner:
         self.requests = requests
         self.layout = layout
         self.shapes = shapes
-        specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
-        # TOTAL-1 slots: the generate past input is then the whole buffer (contiguous); the KV of
-        # the TOTAL-th token is never read, so the last step writes it to a scratch tensor.
-        self.cache = SharedKVCache(specs, shapes.generate_past, layout.precision)
+        self._specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
         self.copied = CopyCounter()
         ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
-        # One compiled model serving both shapes (CPU) runs both requests on one internal graph;
-        # the CPU plugin then stages a strided input through the input memory the *other*
-        # request bound zero-copy, i.e. our own buffer (an A->A copy that scrambles it).  So in
-        # that mode the prefill reads the whole, contiguous buffer too; static models (separate
-        # graphs) read the strided view [0, MAX_PROMPT_LEN - C).
-        self.prefill_past = shapes.generate_past if requests.shared_weights else shapes.prefill_past
+        self.prefill_past = shapes.prefill_past
+        # One compiled model serving both shapes (CPU) has split past inputs.  Its prefill must
+        # not read a strided view: the CPU plugin stages a strided input through the memory the
+        # *other* request bound zero-copy, i.e. our own buffer (an A->A copy that scrambles it).
+        # A cache split at MAX_PROMPT_LEN - C gives it a contiguous prefix instead.
+        self._split_past = requests.shared_weights
         try:
             self._bind(ports, kv_binding)
         except RuntimeError as exc:
@@ -67,18 +64,27 @@ class StaticRunner:
 
     def _bind(self, ports: list[BoundPort], mode: str) -> None:
         shapes = self.shapes
-        self.prefill_binding = KVBinding(
-            self.requests.prefill,
-            ports,
-            self.cache,
-            self.prefill_past,
-            shapes.chunk,
-            mode,
-            self.copied,
+        split = shapes.prefill_past if self._split_past and mode == "roi" else None
+        # TOTAL-1 slots: the generate past input is then the whole buffer (contiguous); the KV of
+        # the TOTAL-th token is never read, so the last step writes it to a scratch tensor.
+        self.cache = SharedKVCache(
+            self._specs, shapes.generate_past, self.layout.precision, split_at=split or None
         )
-        self.generate_binding = KVBinding(
-            self.requests.generate, ports, self.cache, shapes.generate_past, 1, mode, self.copied
-        )
+
+        def binding(request: ov.InferRequest, past_len: int, new_tokens: int) -> KVBinding:
+            return KVBinding(
+                request,
+                ports,
+                self.cache,
+                past_len,
+                new_tokens,
+                mode,
+                self.copied,
+                self._split_past,
+            )
+
+        self.prefill_binding = binding(self.requests.prefill, self.prefill_past, shapes.chunk)
+        self.generate_binding = binding(self.requests.generate, shapes.generate_past, 1)
 
     # -- state -------------------------------------------------------------------------------
     @property
