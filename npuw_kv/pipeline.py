@@ -22,7 +22,7 @@ from .model.source import resolve_model
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import compile_requests, resolve_kv_precision
 from .runtime.engine import StaticRunner
-from .runtime.heap import release_free_heap
+from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .sampling import GenerationConfig, Sampler
 
 Streamer = Callable[[str], Any]
@@ -58,6 +58,7 @@ class LLMPipeline:
         self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any
     ) -> None:
         self.config = PipelineConfig.from_kwargs(device, **config)
+        fix_mmap_threshold()  # before compiling: see runtime/heap.py for what it keeps flat
         self.model_dir = resolve_model(model, zero_points=self.config.gguf_zero_points)
         self.core = ov.Core()
         kv_precision = resolve_kv_precision(self.core, self.config)
