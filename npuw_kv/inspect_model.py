@@ -7,7 +7,7 @@ from typing import Any
 import openvino as ov
 
 from .config import PipelineConfig
-from .model.source import resolve_model
+from .model.source import resolve_model, trained_context
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import resolve_kv_precision
 
@@ -21,8 +21,10 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
     kv_slots = shapes.generate_past
+    context = trained_context(model_dir)
     lines = [
         f"model            {model_dir}",
+        "trained context  " + (f"{context[0]} positions ({context[1]})" if context else "unknown"),
         f"layers           {layout.num_layers}",
         f"kv heads         {layout.num_kv_heads}",
         f"head_dim         {layout.head_dim}",

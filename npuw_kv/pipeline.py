@@ -18,7 +18,7 @@ import openvino as ov
 import openvino_genai
 
 from .config import PipelineConfig
-from .model.source import resolve_model
+from .model.source import resolve_model, trained_context
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import compile_requests, resolve_kv_precision
 from .runtime.engine import StaticRunner
@@ -60,6 +60,15 @@ class LLMPipeline:
         self.config = PipelineConfig.from_kwargs(device, **config)
         fix_mmap_threshold()  # before compiling: see runtime/heap.py for what it keeps flat
         self.model_dir = resolve_model(model, zero_points=self.config.gguf_zero_points)
+        # (positions, where it was read); generation never goes past it
+        self.trained_context = trained_context(self.model_dir)
+        if self.trained_context and self.config.max_prompt_len > self.trained_context[0]:
+            length, where = self.trained_context
+            raise ValueError(
+                f"MAX_PROMPT_LEN {self.config.max_prompt_len} is beyond the model's trained "
+                f"context of {length} positions ({where}); lower max_prompt_len "
+                f"(MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) to at most {length}"
+            )
         self.core = ov.Core()
         kv_precision = resolve_kv_precision(self.core, self.config)
         prepared, layout = prepare(
@@ -175,7 +184,9 @@ class LLMPipeline:
                 break
             if len(tokens) >= config.max_new_tokens:
                 break
-            if self.runner.remaining_capacity <= 0:
+            if self.runner.remaining_capacity <= 0 or self._at_trained_context(
+                ids.size + len(tokens)
+            ):
                 finish = "length"
                 break
             logits = self.runner.step(token)
@@ -188,6 +199,10 @@ class LLMPipeline:
             if cut >= 0:
                 text = text[:cut]
         return GenerationResult(tokens, text, finish, int(ids.size), ttft, decode_s, first_logits)
+
+    def _at_trained_context(self, positions: int) -> bool:
+        """True when ``positions`` tokens fill the model's trained context (no more steps)."""
+        return self.trained_context is not None and positions >= self.trained_context[0]
 
     def _hit_stop_string(self, tokens: list[int], stops: set[str]) -> bool:
         tail = self.tokenizer.decode(tokens[-16:])

@@ -13,6 +13,7 @@ def test_inspect_prints_layout_and_shapes(capsys):
     assert main(["inspect", "--chunk", "128", "--max-prompt-len", "300"]) == 0
     out = capsys.readouterr().out
     assert "layers           30" in out and "kv heads         3" in out
+    assert "trained context  8192 positions (GGUF llama.context_length)" in out
     assert "head_dim         64" in out and "attention window full" in out
     assert "input_ids [1,128]  attention_mask [1,384]  past [1,3,256,64]" in out
     assert "attention_mask [1,512]" in out  # generate: 384 + 128

