@@ -65,8 +65,8 @@ class StaticRunner:
     def _bind(self, ports: list[BoundPort], mode: str) -> None:
         shapes = self.shapes
         split = shapes.prefill_past if self._split_past and mode == "roi" else None
-        # TOTAL-1 slots: the generate past input is then the whole buffer (contiguous); the KV of
-        # the TOTAL-th token is never read, so the last step writes it to a scratch tensor.
+        # TOTAL-1 slots: the generate past inputs then cover the whole buffer (both segments when
+        # split); the KV of the TOTAL-th token is never read, the last step writes it to scratch.
         self.cache = SharedKVCache(
             self._specs, shapes.generate_past, self.layout.precision, split_at=split or None
         )
