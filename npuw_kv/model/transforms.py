@@ -189,7 +189,8 @@ def split_past(model: ov.Model, layout: KVLayout) -> int:
                 tail_len = ops.multiply(ops.shape_of(extra, index_type), seq_only)
                 node.output(0).replace(ops.add(ops.shape_of(past, index_type), tail_len).output(0))
             else:
-                joined = joined or ops.concat([past, extra], 2)
+                if joined is None:
+                    joined = ops.concat([past, extra], 2)
                 consumer.replace_source_output(joined.output(0))
         tails.append(tail)
     model.add_parameters(tails)

@@ -67,7 +67,7 @@ class KVBinding:
                 tail = cache.view(port.name, head, past_len) if past_len > head else empty
                 request.set_tensor(tail_input(port.name), tail)
             if mode == "roi" and head == 0:
-                # one chunk covers MAX_PROMPT_LEN: the static prefill model has no past at all
+                # one chunk covers MAX_PROMPT_LEN: the prefill has no past at all
                 request.set_tensor(port.name, empty)
             elif mode == "roi":
                 request.set_tensor(port.name, cache.view(port.name, 0, head))

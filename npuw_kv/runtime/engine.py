@@ -64,11 +64,14 @@ class StaticRunner:
 
     def _bind(self, ports: list[BoundPort], mode: str) -> None:
         shapes = self.shapes
-        split = shapes.prefill_past if self._split_past and mode == "roi" else None
+        # split the cache where the prefill's past ends; with no prefill past (one chunk covers
+        # MAX_PROMPT_LEN) there is nothing to split, and copy mode stages through its own buffers
+        split_here = self._split_past and mode == "roi" and shapes.prefill_past > 0
+        split = shapes.prefill_past if split_here else None
         # TOTAL-1 slots: the generate past inputs then cover the whole buffer (both segments when
         # split); the KV of the TOTAL-th token is never read, the last step writes it to scratch.
         self.cache = SharedKVCache(
-            self._specs, shapes.generate_past, self.layout.precision, split_at=split or None
+            self._specs, shapes.generate_past, self.layout.precision, split_at=split
         )
 
         def binding(request: ov.InferRequest, past_len: int, new_tokens: int) -> KVBinding:

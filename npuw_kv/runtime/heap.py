@@ -26,23 +26,26 @@ MMAP_THRESHOLD = 256 * 1024
 
 
 @functools.cache
-def _libc_function(name: str) -> Any:
-    """A glibc function of the running process, or None on another platform or C library."""
+def _glibc_function(name: str, argtypes: tuple[Any, ...], restype: Any) -> Any:
+    """A typed glibc function of the running process, or None on another platform or C library.
+
+    ``malloc_trim`` marks glibc: musl, for one, has no such function.
+    """
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = getattr(ctypes.CDLL(None), name)  # the process's symbols, libc included
+        libc = ctypes.CDLL(None)  # the process's symbols, libc included
+        libc.malloc_trim  # noqa: B018 -- raises AttributeError without glibc
+        function = getattr(libc, name)
     except (OSError, AttributeError):
         return None
+    function.argtypes, function.restype = list(argtypes), restype
     return function
 
 
 def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, or None without glibc (e.g. musl)."""
-    trim = _libc_function("malloc_trim")
-    if trim is not None:
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    return _glibc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
 
 
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
@@ -51,13 +54,10 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     Leaves glibc alone when the user tuned it through ``MALLOC_MMAP_THRESHOLD_``.  Returns True
     if the threshold was set.
     """
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ or _malloc_trim() is None:
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    mallopt = _libc_function("mallopt")
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, threshold))
+    mallopt = _glibc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, threshold))
 
 
 def release_free_heap() -> bool:
