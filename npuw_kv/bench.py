@@ -166,10 +166,7 @@ def run_bench(args: argparse.Namespace) -> int:
     genai_extra = {k: v for k, v in extra.items() if k.isupper()}
     if args.exact:  # genai's CPU default KV cache is u8; exact means f32 there too
         genai_extra["KV_CACHE_PRECISION"] = "f32"
-    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
-    bad = [r for r in runtimes if r not in RUNTIMES]
-    if bad:
-        raise ValueError(f"unknown runtime(s) {bad}; choose from {', '.join(RUNTIMES)}")
+    runtimes = _runtimes(args.runtimes, args.device)
     print(
         f"prompt {args.prompt_len} tokens of stdlib docstrings, {args.new_tokens} new tokens, "
         f"min of {args.repeats} runs after 1 warm-up; settings {extra or 'defaults'}",
@@ -182,7 +179,9 @@ def run_bench(args: argparse.Namespace) -> int:
             _run_worker(runtime, args, npuw_extra if runtime.startswith("npuw-kv") else genai_extra)
         )
     base = next((r for r in results if r["runtime"] == "genai-cpu" and "error" not in r), None)
-    ours = next((r for r in results if r["runtime"] == "npuw-kv" and "error" not in r), None)
+    ours = next(
+        (r for r in results if r["runtime"].startswith("npuw-kv") and "error" not in r), None
+    )
     header = (
         f"{'runtime':<13}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'KV MB':>8}"
         f"{'load s':>8}  same tokens"
@@ -201,7 +200,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     if base and ours:
         print(
-            f"npuw-kv / genai-cpu: TTFT x{ours['ttft_s'] / base['ttft_s']:.2f}, decode "
+            f"{ours['runtime']} / genai-cpu: TTFT x{ours['ttft_s'] / base['ttft_s']:.2f}, decode "
             f"x{ours['ms_per_token'] / base['ms_per_token']:.2f}, peak RSS "
             f"x{ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}; host bytes copied "
             f"{ours['host_copied']} (at the prefill->generate switch: {ours['switch_copied']})"
@@ -210,6 +209,25 @@ def run_bench(args: argparse.Namespace) -> int:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
     return 0
+
+
+def _runtimes(listed: str | None, device: str | None) -> list[str]:
+    """The runtimes to run: the list given, or our path for ``device`` next to genai-cpu."""
+    if listed is not None and device is not None:
+        raise ValueError(
+            "bench: give either --device or --runtimes, not both (in --runtimes, npuw-kv is the "
+            "CPU path and npuw-kv-npu the NPU path)"
+        )
+    if listed is None:
+        dev = (device or "CPU").upper()
+        if dev not in ("CPU", "NPU"):
+            raise ValueError(f"bench: --device must be CPU or NPU, got {device!r}")
+        listed = ("npuw-kv-npu" if dev == "NPU" else "npuw-kv") + ",genai-cpu"
+    runtimes = [r.strip() for r in listed.split(",") if r.strip()]
+    bad = [r for r in runtimes if r not in RUNTIMES]
+    if bad or not runtimes:
+        raise ValueError(f"unknown runtime(s) {bad}; choose from {', '.join(RUNTIMES)}")
+    return runtimes
 
 
 def _main() -> int:

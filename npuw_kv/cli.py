@@ -29,7 +29,7 @@ def _zero_points_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
+def _model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> None:
     parser.add_argument(
         "--model",
         "-m",
@@ -37,7 +37,12 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)",
     )
     _zero_points_arg(parser)
-    parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
+    if for_bench:  # the runtimes pick their devices; --device only picks which npuw-kv path
+        parser.add_argument(
+            "--device", "-d", default=None, help="CPU or NPU: the npuw-kv path to bench by default"
+        )
+    else:
+        parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
     parser.add_argument("--max-prompt-len", type=int, default=None, help="MAX_PROMPT_LEN (1024)")
     parser.add_argument("--min-response-len", type=int, default=None, help="MIN_RESPONSE_LEN (128)")
     parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (256)")
@@ -228,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="TTFT / decode / peak RSS side by side with openvino-genai"
     )
-    _model_args(bench)
+    _model_args(bench, for_bench=True)
     bench.add_argument("--quick", action="store_true", help="one ~1000-token prompt, 64 new tokens")
     bench.add_argument("--prompt-len", type=int, default=1000)
     bench.add_argument("--new-tokens", type=int, default=64)
@@ -237,8 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--runtimes",
-        default="npuw-kv,genai-cpu",
-        help="comma list of npuw-kv, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm",
+        default=None,
+        help="comma list of npuw-kv, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm "
+        "(default: npuw-kv for --device, and genai-cpu)",
     )
     bench.add_argument("--json", default=None, help="also write the results to this file")
     bench.set_defaults(func=cmd_bench)

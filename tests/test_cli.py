@@ -62,3 +62,18 @@ def test_bench_runs_with_explicit_static_shapes(capsys, tmp_path):
     # 30 layers x K,V x 3 heads x 64 dims x f16, for TOTAL - 1 = 192 + 64 - 1 slots
     assert row["kv_bytes"] == 30 * 2 * 3 * 64 * 2 * (192 + 64 - 1)
     assert row["peak_rss_mb"] > 0 and row["ttft_s"] > 0
+
+
+def test_bench_device_picks_our_runtime_and_conflicts_are_reported(capsys):
+    """``bench --device`` picks our path; with ``--runtimes`` too it is an error, not ignored."""
+    from npuw_kv.bench import _runtimes
+
+    assert _runtimes(None, None) == ["npuw-kv", "genai-cpu"]
+    assert _runtimes(None, "npu") == ["npuw-kv-npu", "genai-cpu"]
+    assert _runtimes("genai-sdpa, npuw-kv", None) == ["genai-sdpa", "npuw-kv"]
+    assert main(["bench", "--device", "NPU", "--runtimes", "npuw-kv"]) == 2
+    assert "either --device or --runtimes" in capsys.readouterr().err
+    assert main(["bench", "--device", "GPU"]) == 2
+    assert "--device must be CPU or NPU" in capsys.readouterr().err
+    assert main(["bench", "--runtimes", "npuw-kv,vllm"]) == 2
+    assert "unknown runtime(s) ['vllm']" in capsys.readouterr().err
