@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--modes",
         type=_str_list,
         default=["exact"],
-        help="exact, copy, static, f16-kv, device-default",
+        help="exact, copy, static, f16-kv, bf16-kv (CPU), device-default",
     )
     acc.add_argument("--chunks", type=_int_list, default=[256])
     acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")

@@ -113,6 +113,11 @@ class PipelineConfig:
             raise ValueError(
                 f"kv_precision (KV_CACHE_PRECISION) {self.kv_precision!r} not in {KV_PRECISIONS}"
             )
+        if self.kv_precision == "bf16" and device == "NPU":  # NPUW has no bf16 tensors
+            raise ValueError(
+                "kv_precision (KV_CACHE_PRECISION) 'bf16' is not supported on NPU: NPUW feeds "
+                "its sub-models f16 instead; use 'f16' (the same memory) or 'f32'"
+            )
         if self.kv_binding not in KV_BINDINGS:
             raise ValueError(f"kv_binding (KV_BINDING) {self.kv_binding!r} not in {KV_BINDINGS}")
         if self.gguf_zero_points not in GGUF_ZERO_POINTS:

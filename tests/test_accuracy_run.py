@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from npuw_kv.accuracy.run import PEER_SLACK, Result, _gate_against_peer
+import numpy as np
+
+from npuw_kv.accuracy.report import table
+from npuw_kv.accuracy.run import PEER_SLACK, Result, _gate_against_peer, _run_one
 from npuw_kv.cli import main
 
 
@@ -132,3 +136,12 @@ def test_device_default_gate_follows_the_peer():
     unchecked = _device_default(9.0, 9.0)
     _gate_against_peer(unchecked, None)
     assert unchecked.passed and "--no-peer" in unchecked.extra["gate"]
+
+
+def test_a_mode_the_device_lacks_is_reported_not_run():
+    """bf16 KV does not exist on NPUW: the row says so (and why) instead of failing the run."""
+    row = Result(1024, "NPU", "bf16-kv", 256, 64)
+    _run_one(row, Path("/nonexistent"), np.zeros(4, np.int64), [1], np.zeros((1, 8), np.float32))
+    assert row.passed and row.error is not None and "no bf16" in row.error
+    shown = table([row])
+    assert "n/a: NPUW has no bf16" in shown and "ERROR" not in shown

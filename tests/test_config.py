@@ -56,6 +56,14 @@ def test_invalid_settings_name_the_knob(kwargs, message):
         PipelineConfig.from_kwargs("CPU", **kwargs)
 
 
+def test_bf16_kv_on_npu_is_refused_with_the_alternative():
+    """NPUW runs no bf16 tensors: the KV input would fail at the first infer, so refuse early."""
+    with pytest.raises(ValueError, match="'bf16' is not supported on NPU.*use 'f16'"):
+        PipelineConfig.from_kwargs("NPU", KV_CACHE_PRECISION="BF16")
+    assert PipelineConfig.from_kwargs("CPU", kv_precision="bf16").kv_precision == "bf16"
+    assert PipelineConfig.from_kwargs("NPU", kv_precision="f16").kv_precision == "f16"
+
+
 def test_unknown_device():
     with pytest.raises(ValueError, match="unknown device 'GPU9'"):
         PipelineConfig.from_kwargs("GPU9")

@@ -27,7 +27,8 @@ def _row(r: Result) -> list[str]:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
     if r.error:
-        return [r.name, "-", "-", "-", "-", "-", "-", "-", "-", "ERROR: " + r.error[:70]]
+        shown = r.error if r.error.startswith("n/a") else "ERROR: " + r.error
+        return [r.name, "-", "-", "-", "-", "-", "-", "-", "-", shown[:77]]
     recall = "-" if r.retrieval_found is None else ("yes" if r.retrieval_found else "no")
     return [
         r.name,
