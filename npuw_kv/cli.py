@@ -128,6 +128,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         if not line:
             continue
+        dropped = pipe.fit_chat_history(line)
+        if dropped:
+            print(f"[{dropped} oldest exchange(s) dropped to fit MAX_PROMPT_LEN]", file=sys.stderr)
         try:
             pipe.generate(
                 line,
@@ -135,9 +138,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 streamer=_stream,
                 repetition_penalty=args.repetition_penalty,
             )
-        except ValueError as exc:  # e.g. history grew past MAX_PROMPT_LEN
-            print(f"\n[error] {exc}\n[history cleared]", file=sys.stderr)
-            pipe.start_chat(args.system or "")
+        except ValueError as exc:  # e.g. this message alone is longer than MAX_PROMPT_LEN
+            print(f"\n[error] {exc}", file=sys.stderr)
         print()
 
 

@@ -47,6 +47,10 @@ class GenerationResult:
         return self.text
 
 
+def _ids(encoded: Any) -> np.ndarray:
+    return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
+
+
 class LLMPipeline:
     """Static prefill/generate LLM pipeline on one shared KV cache.
 
@@ -105,21 +109,39 @@ class LLMPipeline:
     def finish_chat(self) -> None:
         self._history = None
 
+    def fit_chat_history(self, prompt: str) -> int:
+        """Drop the oldest user/assistant exchanges until ``prompt`` as the next user turn fits
+        MAX_PROMPT_LEN; the system message stays.  Returns how many exchanges were dropped.
+
+        A long chat would otherwise end in a capacity error that costs the user's message (or
+        the whole history).  If the prompt does not fit even alone, the history is left as it
+        was and :meth:`generate` raises the usual error naming the setting.
+        """
+        if self._history is None:
+            raise ValueError("fit_chat_history needs chat mode: call start_chat() first")
+        limit = self.config.max_prompt_len  # never above the trained context (checked at init)
+        system = [m for m in self._history[:1] if m["role"] == "system"]
+        turns = self._history[len(system) :]
+        user = {"role": "user", "content": prompt}
+        for dropped in range(0, len(turns) // 2 + 1):
+            kept = system + turns[2 * dropped :]  # one exchange = a user message and its answer
+            if self._template_ids([*kept, user]).size <= limit:
+                self._history = kept
+                return dropped
+        return 0
+
     # -- generation ---------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False, template: bool = True) -> np.ndarray:
         """Token ids of ``prompt``: as a user turn through the chat template (with the chat
         history when ``chat``), or as raw text when ``template`` is off or there is none."""
         if chat or (template and self.tokenizer.chat_template):
-            history = (
-                [*(self._history or []), {"role": "user", "content": prompt}]
-                if chat
-                else [{"role": "user", "content": prompt}]
-            )
-            text = self.tokenizer.apply_chat_template(history, add_generation_prompt=True)
-            encoded = self.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            encoded = self.tokenizer.encode(prompt)
-        return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
+            earlier = list(self._history or []) if chat else []
+            return self._template_ids([*earlier, {"role": "user", "content": prompt}])
+        return _ids(self.tokenizer.encode(prompt))
+
+    def _template_ids(self, messages: list[dict[str, str]]) -> np.ndarray:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return _ids(self.tokenizer.encode(text, add_special_tokens=False))
 
     def generate(
         self,

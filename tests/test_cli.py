@@ -49,6 +49,23 @@ def test_chat_repl_keeps_going_until_exit():
     assert len(proc.stdout.replace("> ", "").strip()) > 10  # two answers were streamed
 
 
+def test_chat_repl_drops_old_exchanges_instead_of_failing():
+    """Past MAX_PROMPT_LEN the REPL says it dropped the oldest exchanges and still answers."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "npuw_kv.cli", "chat", "-n", "12"]
+        + ["--max-prompt-len", "96", "--chunk", "32"],
+        input="".join(f"Tell me fact number {i} about the sea.\n" for i in range(6)) + "/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "oldest exchange(s) dropped to fit MAX_PROMPT_LEN" in proc.stderr
+    assert "[error]" not in proc.stderr
+    answers = [a for a in proc.stdout.split("> ") if a.strip()]
+    assert len(answers) >= 6, proc.stdout  # every message got an answer
+
+
 def test_bench_runs_with_explicit_static_shapes(capsys, tmp_path):
     """``bench`` with ``--max-prompt-len`` / ``--min-response-len`` sizes the KV from them."""
     out_json = tmp_path / "bench.json"

@@ -98,6 +98,53 @@ def test_chat_keeps_history_through_the_template(pipe):
         pipe.finish_chat()
 
 
+def test_long_chat_drops_the_oldest_exchanges_to_fit(pipe):
+    """A chat longer than MAX_PROMPT_LEN loses its oldest exchanges, not the new message."""
+    limit = pipe.config.max_prompt_len
+    pipe.start_chat("You are terse.")
+    try:
+        exchanges = [
+            (f"Question {i}: {'tell me more ' * 12}", f"Answer {i}: {'ok ' * 20}")
+            for i in range(40)
+        ]
+        for question, answer in exchanges:
+            pipe._history += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer},
+            ]
+        message = "What was the last question?"
+        assert pipe.encode(message, chat=True).size > limit  # as it stands it cannot run
+        dropped = pipe.fit_chat_history(message)
+        history = pipe._history
+        assert 0 < dropped < len(exchanges)
+        assert history[0] == {"role": "system", "content": "You are terse."}
+        assert history[1]["content"] == exchanges[dropped][0]  # the oldest kept is next in line
+        assert history[-1]["content"] == exchanges[-1][1]  # the newest is kept
+        assert pipe.encode(message, chat=True).size <= limit
+        # minimal: keeping one more exchange would not fit
+        one_more = [
+            history[0],
+            *[
+                {"role": r, "content": c}
+                for r, c in zip(("user", "assistant"), exchanges[dropped - 1], strict=True)
+            ],
+            *history[1:],
+        ]
+        assert pipe._template_ids([*one_more, {"role": "user", "content": message}]).size > limit
+        assert pipe.generate(message, max_new_tokens=4).tokens
+        # a message too long on its own: history untouched, generate names the setting
+        before = list(pipe._history)
+        huge = "word " * (2 * limit)
+        assert pipe.fit_chat_history(huge) == 0 and pipe._history == before
+        with pytest.raises(ValueError, match="MAX_PROMPT_LEN"):
+            pipe.generate(huge, max_new_tokens=4)
+        assert pipe._history == before
+    finally:
+        pipe.finish_chat()
+    with pytest.raises(ValueError, match="start_chat"):
+        pipe.fit_chat_history("hi")
+
+
 def test_repetition_penalty_discourages_seen_tokens(pipe):
     from npuw_kv.sampling import GenerationConfig, Sampler
 
