@@ -28,6 +28,7 @@ _ALIASES: dict[str, str] = {
     "KV_BINDING": "kv_binding",
     "GGUF_ZERO_POINTS": "gguf_zero_points",
     "STATIC_MODELS": "static_models",
+    "PREFIX_REUSE": "prefix_reuse",
     "NPUW_DEVICES": "npuw_devices",
     "NUM_THREADS": "num_threads",
     "INFERENCE_NUM_THREADS": "num_threads",
@@ -85,6 +86,7 @@ class PipelineConfig:
     kv_precision: str = "auto"
     kv_binding: str = "roi"
     static_models: bool | None = None
+    prefix_reuse: bool = True  # a prompt that starts like the cached tokens runs only the rest
     npuw_devices: str = "CPU"
     num_threads: int = 0
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
@@ -164,8 +166,9 @@ class PipelineConfig:
         for name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
             if name in values:
                 values[name] = _as_int(name, values[name])
-        if values.get("static_models") is not None:
-            values["static_models"] = _as_bool("static_models", values["static_models"])
+        for name in ("static_models", "prefix_reuse"):
+            if values.get(name) is not None:
+                values[name] = _as_bool(name, values[name])
         if "kv_precision" in values:
             values["kv_precision"] = str(values["kv_precision"]).lower()
         for name in ("kv_binding", "gguf_zero_points"):

@@ -84,7 +84,9 @@ class LLMPipeline:
         )
         requests = compile_requests(self.core, prepared, layout, self.config, self.shapes)
         del prepared  # the device holds its own copy of the graph now
-        self.runner = StaticRunner(requests, layout, self.shapes, self.config.kv_binding)
+        self.runner = StaticRunner(
+            requests, layout, self.shapes, self.config.kv_binding, self.config.prefix_reuse
+        )
         self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         self._history: list[dict[str, str]] | None = None
@@ -240,6 +242,7 @@ class LLMPipeline:
             "kv_bytes_per_token": runner.cache.bytes_per_token(),
             "kv_precision": runner.cache.precision,
             "tokens_in_cache": runner.tokens_in_cache,
+            "reused_tokens": runner.reused_tokens,
             "kv_binding": runner.kv_binding,
             "shared_weights": runner.requests.shared_weights,
             "host_bytes_copied": runner.copied.bytes,

@@ -52,3 +52,38 @@ def test_generate_inputs_mask_live_slots_and_current_token():
     assert step.write_slots == (8, 9)
     with pytest.raises(ValueError):
         generate_inputs(7, slot=11, position=9, first_slot=2, past_len=10)
+
+
+def test_continuation_keeps_slots_and_ends_on_the_last_token():
+    """9 tokens, token 0 at slot 2, the first 6 cached: one chunk of 4 ending at slot 11,
+    which recomputes token 5 into its own slot and masks nothing it needs."""
+    ids = np.arange(100, 109)
+    plan = PromptPlan(9, 4, first_slot=2, cached=6)
+    assert (plan.num_chunks, plan.pad, plan.padded_len, plan.start) == (1, 2, 11, 7)
+    step = prefill_inputs(ids, plan, 0, past_len=8)
+    assert step.write_slots == (7, 11)
+    assert step.input_ids.tolist() == [[105, 106, 107, 108]]
+    assert step.position_ids.tolist() == [[5, 6, 7, 8]]
+    # past: slots 2..6 hold tokens 0..4; slot 7 is rewritten by this chunk, so it is not past
+    assert step.attention_mask.tolist() == [[0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1]]
+
+
+def test_continuation_chunks_may_start_in_the_padding():
+    plan = PromptPlan(3, 4, first_slot=2, cached=1)  # ends at slot 5: chunk [1, 5)
+    step = prefill_inputs(np.array([100, 101, 102]), plan, 0, past_len=4)
+    assert step.write_slots == (1, 5)
+    assert step.input_ids.tolist() == [[0, 100, 101, 102]]
+    assert step.attention_mask.tolist() == [[0] * 4 + [0, 1, 1, 1]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cached": 2}, "need the first_slot"),
+        ({"first_slot": 0, "cached": 5}, "at least one must be run"),
+        ({"first_slot": 0}, "would start at slot -3"),  # two chunks back from slot 5
+    ],
+)
+def test_impossible_continuations_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PromptPlan(5, 4, **kwargs)

@@ -27,7 +27,12 @@ class CapacityError(ValueError):
 
 class StaticRunner:
     def __init__(
-        self, requests: Requests, layout: KVLayout, shapes: StaticShapes, kv_binding: str
+        self,
+        requests: Requests,
+        layout: KVLayout,
+        shapes: StaticShapes,
+        kv_binding: str,
+        prefix_reuse: bool = True,
     ) -> None:
         self.requests = requests
         self.layout = layout
@@ -61,6 +66,9 @@ class StaticRunner:
         self.switch_copied_bytes = 0
         self.prefill_copied_bytes = 0
         self._at_switch = False
+        self.prefix_reuse = prefix_reuse
+        self._cached: list[int] = []  # token ids whose KV sits in slots [first_slot, ...)
+        self.reused_tokens = 0  # of the last prompt, taken from the cache instead of run
 
     def _bind(self, ports: list[BoundPort], mode: str) -> None:
         shapes = self.shapes
@@ -127,7 +135,8 @@ class StaticRunner:
                 "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
                 f"to at least {ids.size}"
             )
-        plan = PromptPlan(int(ids.size), self.shapes.chunk)
+        plan = self._plan(ids)
+        self._cached = []  # a failure part-way leaves the cache in no state to reuse
         self.copied.reset()
         self.prefill_binding.reset()
         self.generate_binding.reset()
@@ -138,15 +147,44 @@ class StaticRunner:
             logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
             if on_chunk is not None:
                 positions = inputs.position_ids[0, -logits.shape[0] :]
-                real = np.arange(*inputs.write_slots)[-logits.shape[0] :] >= plan.pad
-                on_chunk(positions[real], logits[real])
+                rows = np.arange(*inputs.write_slots)[-logits.shape[0] :] - plan.pad
+                new = rows >= plan.cached  # not padding, and not recomputed cached rows
+                on_chunk(positions[new], logits[new])
         self._first_slot = plan.pad
         self._next_slot = plan.padded_len
         self._next_position = plan.num_tokens
+        self._cached = ids.tolist()
+        self.reused_tokens = plan.cached
         self.prefill_copied_bytes = self.copied.bytes
         self.switch_copied_bytes = 0
         self._at_switch = True
         return logits[-1].copy()
+
+    def _plan(self, ids: np.ndarray) -> PromptPlan:
+        """A fresh plan, or a continuation after the longest prefix whose KV is still cached.
+
+        A continuation keeps the cached tokens' slots, so it must end inside the prompt part
+        of the cache and, on a split cache, not run a chunk across the split.
+        """
+        fresh = PromptPlan(int(ids.size), self.shapes.chunk)
+        n = min(len(self._cached), ids.size - 1)  # at least one token must run for logits
+        if not self.prefix_reuse or n == 0:
+            return fresh
+        differ = np.flatnonzero(np.asarray(self._cached[:n]) != ids[:n])
+        common = int(differ[0]) if differ.size else n
+        end = self._first_slot + ids.size
+        if common == 0 or end > self.shapes.max_prompt_len:
+            return fresh
+        chunks = -(-(ids.size - common) // self.shapes.chunk)
+        if end - chunks * self.shapes.chunk < 0 or chunks >= fresh.num_chunks:
+            return fresh
+        plan = PromptPlan(int(ids.size), self.shapes.chunk, self._first_slot, common)
+        split = self.cache.split_at
+        if split is not None and any(
+            a < split < b for a, b in map(plan.chunk_slots, range(plan.num_chunks))
+        ):
+            return fresh
+        return plan
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
@@ -170,6 +208,8 @@ class StaticRunner:
             self.switch_copied_bytes = self.copied.bytes - before
             self._at_switch = False
         logits = self._infer(self.requests.generate, self.generate_binding, inputs)
+        if self._next_slot < self.cache.capacity:  # the very last step's KV is not kept
+            self._cached.append(int(token))
         self._next_slot += 1
         self._next_position += 1
         return logits[-1].copy()

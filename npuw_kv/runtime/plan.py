@@ -7,6 +7,11 @@ are masked out forever.  Chunk k writes slots ``[kC, kC+C)``, generate step t wr
 ``P + t``.  Front padding (not NPUW's last-chunk padding) keeps pad rows from ever landing on a
 slot that holds real KV, so outputs can be written straight into the shared buffer.
 
+A *continuation* (the new prompt starts with tokens whose KV is still in the cache, as in a chat)
+keeps their slots: token i stays at ``first_slot + i`` and the chunks are laid out backwards
+from the prompt's end, so again the last row is the last token.  The first chunk may start
+inside the cached part; it recomputes those rows into their own slots (the same values).
+
 Attention masks follow the stateless graph: ``[past slots..., current tokens...]``.  The past
 part covers slots ``[0, past_len)`` of the buffer; only real, already-written slots are 1.
 """
@@ -22,25 +27,45 @@ import numpy as np
 class PromptPlan:
     num_tokens: int
     chunk: int
+    first_slot: int | None = None  # continuation: the slot of token 0 (None: a fresh prompt)
+    cached: int = 0  # continuation: leading tokens whose KV already sits in its slots
 
     def __post_init__(self) -> None:
         if self.num_tokens < 1:
             raise ValueError("prompt is empty: at least one token is needed")
-
-    @property
-    def padded_len(self) -> int:
-        return -(-self.num_tokens // self.chunk) * self.chunk
+        if self.first_slot is None and self.cached:
+            raise ValueError("cached tokens need the first_slot they were written from")
+        if not 0 <= self.cached < self.num_tokens:
+            raise ValueError(
+                f"{self.cached} cached tokens of a {self.num_tokens}-token prompt: "
+                "at least one must be run"
+            )
+        if self.start < 0:
+            raise ValueError(f"the first chunk would start at slot {self.start}")
 
     @property
     def pad(self) -> int:
-        return self.padded_len - self.num_tokens
+        """The slot of token 0; the slots before it are padding, masked for good."""
+        if self.first_slot is not None:
+            return self.first_slot
+        return -(-self.num_tokens // self.chunk) * self.chunk - self.num_tokens
+
+    @property
+    def padded_len(self) -> int:
+        """The slot after the prompt's last token: where generation writes first."""
+        return self.pad + self.num_tokens
 
     @property
     def num_chunks(self) -> int:
-        return self.padded_len // self.chunk
+        return -(-(self.num_tokens - self.cached) // self.chunk)
+
+    @property
+    def start(self) -> int:
+        return self.padded_len - self.num_chunks * self.chunk
 
     def chunk_slots(self, k: int) -> tuple[int, int]:
-        return k * self.chunk, (k + 1) * self.chunk
+        first = self.start + k * self.chunk
+        return first, first + self.chunk
 
 
 @dataclass

@@ -1,0 +1,69 @@
+"""A prompt that starts with tokens still in the KV cache runs only the rest (chat turns)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import CHUNK, MAX_PROMPT, make_pipe
+
+
+def _fresh(pipe, ids, new_tokens):
+    """The same request with reuse off: every chunk from scratch."""
+    pipe.runner.prefix_reuse = False
+    try:
+        return pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
+    finally:
+        pipe.runner.prefix_reuse = True
+
+
+@pytest.mark.parametrize(
+    ("device", "extra"), [("CPU", {}), ("CPU", {"kv_binding": "copy"}), ("NPU", {})]
+)
+def test_continuation_gives_the_fresh_prefill_result(smol_dir, text_ids, device, extra):
+    pipe = make_pipe(smol_dir, device, **extra)
+    other = text_ids(1000)[600:]  # text the first prompt does not contain
+    first = pipe.generate(text_ids(300), max_new_tokens=16, ignore_eos=True)
+    cached = [*text_ids(300).tolist(), *first.tokens[:-1]]  # the last token was never fed
+
+    # a chat turn: everything cached, then new text -> one chunk instead of two
+    turn = np.array([*cached, *other[:100]], np.int64)
+    ours = pipe.generate(turn, max_new_tokens=16, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == len(cached)
+    if extra.get("kv_binding") != "copy":
+        assert pipe.kv_stats()["host_bytes_copied"] == 0
+    fresh = _fresh(pipe, turn, 16)
+    assert pipe.kv_stats()["reused_tokens"] == 0
+    assert ours.tokens == fresh.tokens
+    assert np.abs(ours.first_logits - fresh.first_logits).max() < 1e-4
+
+    # diverging half-way through the cached tokens: reuse up to there only
+    first = pipe.generate(text_ids(300), max_new_tokens=4, ignore_eos=True)
+    branch = np.array([*text_ids(300)[:200], *other[:200]], np.int64)
+    ours = pipe.generate(branch, max_new_tokens=16, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 200
+    fresh = _fresh(pipe, branch, 16)
+    assert ours.tokens == fresh.tokens
+    assert np.abs(ours.first_logits - fresh.first_logits).max() < 1e-4
+
+
+def test_no_continuation_past_the_prompt_part_of_the_cache(smol_dir, text_ids):
+    """Token i keeps slot first_slot + i, so a prompt that would end beyond MAX_PROMPT_LEN
+    there (though it fits from slot 0), or with no chunk to save, is run from scratch."""
+    pipe = make_pipe(smol_dir, "CPU")
+    ids = text_ids(MAX_PROMPT)
+    pipe.generate(ids[:300], max_new_tokens=1)  # token 0 at slot 212: 1024 - 212 slots left
+    pipe.generate(ids[: MAX_PROMPT - 100], max_new_tokens=1)
+    assert pipe.kv_stats()["reused_tokens"] == 0
+    pipe.generate(ids[:CHUNK], max_new_tokens=1)
+    pipe.generate(ids[: CHUNK + 1], max_new_tokens=1)  # two chunks fresh, one as continuation
+    assert pipe.kv_stats()["reused_tokens"] == CHUNK
+    pipe.generate(ids[:CHUNK], max_new_tokens=1)  # a prefix of the cache: still one chunk
+    assert pipe.kv_stats()["reused_tokens"] == 0
+
+
+def test_prefix_reuse_can_be_turned_off(smol_dir, text_ids):
+    pipe = make_pipe(smol_dir, "CPU", PREFIX_REUSE="NO")
+    assert pipe.runner.prefix_reuse is False
+    first = pipe.generate(text_ids(300), max_new_tokens=4, ignore_eos=True)
+    pipe.generate(np.array([*text_ids(300), *first.tokens[:-1], 7, 8], np.int64), max_new_tokens=2)
+    assert pipe.kv_stats()["reused_tokens"] == 0
