@@ -81,12 +81,15 @@ def _worker(
         from .pipeline import LLMPipeline
 
         device = "NPU" if runtime == "npuw-kv-npu" else "CPU"
+        # every timed run repeats the prompt: reusing its cached KV would time one chunk, so the
+        # runs are cold, as genai-cpu's (prefix caching off); -p PREFIX_REUSE=YES overrides
+        settings = {"prefix_reuse": False, **extra}
         pipe = LLMPipeline(
             model_dir,
             device,
             max_prompt_len=max_prompt,
             min_response_len=min_response,
-            **extra,
+            **settings,
         )
         load_s = time.perf_counter() - load_start
         for i in range(repeats + 1):
@@ -99,6 +102,7 @@ def _worker(
             "kv_bytes": stats["kv_bytes_allocated"],
             "host_copied": stats["host_bytes_copied"],
             "switch_copied": stats["switch_host_bytes_copied"],
+            "reused_tokens": stats["reused_tokens"],  # 0: every timed run was a cold prefill
             "tokens": r.tokens,
         }
     else:

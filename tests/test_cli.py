@@ -69,7 +69,7 @@ def test_chat_repl_drops_old_exchanges_instead_of_failing():
 def test_bench_runs_with_explicit_static_shapes(capsys, tmp_path):
     """``bench`` with ``--max-prompt-len`` / ``--min-response-len`` sizes the KV from them."""
     out_json = tmp_path / "bench.json"
-    argv = ["bench", "--runtimes", "npuw-kv", "--prompt-len", "40", "--new-tokens", "4"]
+    argv = ["bench", "--runtimes", "npuw-kv", "--prompt-len", "100", "--new-tokens", "4"]
     argv += ["--repeats", "1", "--chunk", "64", "--max-prompt-len", "192"]
     argv += ["--min-response-len", "64", "--kv-precision", "f16", "--json", str(out_json)]
     assert main(argv) == 0
@@ -79,6 +79,7 @@ def test_bench_runs_with_explicit_static_shapes(capsys, tmp_path):
     # 30 layers x K,V x 3 heads x 64 dims x f16, for TOTAL - 1 = 192 + 64 - 1 slots
     assert row["kv_bytes"] == 30 * 2 * 3 * 64 * 2 * (192 + 64 - 1)
     assert row["peak_rss_mb"] > 0 and row["ttft_s"] > 0
+    assert row["reused_tokens"] == 0  # the repeated prompt was run cold, not from the cache
 
 
 def test_bench_device_picks_our_runtime_and_conflicts_are_reported(capsys):
