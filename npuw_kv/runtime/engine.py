@@ -172,13 +172,14 @@ class StaticRunner:
             return fresh
         differ = np.flatnonzero(np.asarray(self._cached[:n]) != ids[:n])
         common = int(differ[0]) if differ.size else n
-        end = self._first_slot + ids.size
-        if common == 0 or end > self.shapes.max_prompt_len:
+        if common == 0:
             return fresh
-        chunks = -(-(ids.size - common) // self.shapes.chunk)
-        if end - chunks * self.shapes.chunk < 0 or chunks >= fresh.num_chunks:
+        try:
+            plan = PromptPlan(int(ids.size), self.shapes.chunk, self._first_slot, common)
+        except ValueError:  # its first chunk would start before slot 0
             return fresh
-        plan = PromptPlan(int(ids.size), self.shapes.chunk, self._first_slot, common)
+        if plan.padded_len > self.shapes.max_prompt_len or plan.num_chunks >= fresh.num_chunks:
+            return fresh
         split = self.cache.split_at
         if split is not None and any(
             a < split < b for a, b in map(plan.chunk_slots, range(plan.num_chunks))
