@@ -8,7 +8,7 @@ from conftest import CHUNK, MAX_PROMPT, make_pipe
 
 
 def _fresh(pipe, ids, new_tokens):
-    """The same request with reuse off: every chunk from scratch."""
+    """``ids`` with reuse off: every chunk from scratch, token 0 at its front-padded slot."""
     pipe.runner.prefix_reuse = False
     try:
         return pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
@@ -22,7 +22,7 @@ def _fresh(pipe, ids, new_tokens):
 def test_continuation_gives_the_fresh_prefill_result(smol_dir, text_ids, device, extra):
     pipe = make_pipe(smol_dir, device, **extra)
     other = text_ids(1000)[600:]  # text the first prompt does not contain
-    first = pipe.generate(text_ids(300), max_new_tokens=16, ignore_eos=True)
+    first = _fresh(pipe, text_ids(300), 16)
     cached = [*text_ids(300).tolist(), *first.tokens[:-1]]  # the last token was never fed
 
     # a chat turn: everything cached, then new text -> one chunk instead of two
@@ -37,7 +37,7 @@ def test_continuation_gives_the_fresh_prefill_result(smol_dir, text_ids, device,
     assert np.abs(ours.first_logits - fresh.first_logits).max() < 1e-4
 
     # diverging half-way through the cached tokens: reuse up to there only
-    first = pipe.generate(text_ids(300), max_new_tokens=4, ignore_eos=True)
+    pipe.generate(text_ids(300), max_new_tokens=4, ignore_eos=True)  # cache: these 300, then 3
     branch = np.array([*text_ids(300)[:200], *other[:200]], np.int64)
     ours = pipe.generate(branch, max_new_tokens=16, ignore_eos=True)
     assert pipe.kv_stats()["reused_tokens"] == 200
@@ -51,7 +51,7 @@ def test_no_continuation_past_the_prompt_part_of_the_cache(smol_dir, text_ids):
     there (though it fits from slot 0), or with no chunk to save, is run from scratch."""
     pipe = make_pipe(smol_dir, "CPU")
     ids = text_ids(MAX_PROMPT)
-    pipe.generate(ids[:300], max_new_tokens=1)  # token 0 at slot 212: 1024 - 212 slots left
+    _fresh(pipe, ids[:300], 1)  # token 0 at slot 212: 1024 - 212 slots left
     pipe.generate(ids[: MAX_PROMPT - 100], max_new_tokens=1)
     assert pipe.kv_stats()["reused_tokens"] == 0
     pipe.generate(ids[:CHUNK], max_new_tokens=1)
@@ -67,3 +67,15 @@ def test_prefix_reuse_can_be_turned_off(smol_dir, text_ids):
     first = pipe.generate(text_ids(300), max_new_tokens=4, ignore_eos=True)
     pipe.generate(np.array([*text_ids(300), *first.tokens[:-1], 7, 8], np.int64), max_new_tokens=2)
     assert pipe.kv_stats()["reused_tokens"] == 0
+
+
+def test_no_continuation_chunk_crosses_the_split_cache(smol_dir, text_ids):
+    """On CPU the cache is split at MAX_PROMPT_LEN - C (768): a continuation whose chunks would
+    be [300, 556) and [556, 812) cannot write its second chunk through one view, so it runs
+    from scratch; the NPU path's cache is not split and reuses the same prefix."""
+    ids = text_ids(600)
+    for device, reused in (("CPU", 0), ("NPU", 300)):
+        pipe = make_pipe(smol_dir, device)
+        _fresh(pipe, ids[:300], 1)  # token 0 at slot 212, whatever ran before
+        pipe.generate(ids, max_new_tokens=1)  # would end at slot 812
+        assert pipe.kv_stats()["reused_tokens"] == reused, device

@@ -78,14 +78,22 @@ class SharedKVCache:
     def split_at(self) -> int | None:
         return self.bounds[0][1] if len(self.bounds) > 1 else None
 
+    def segment_of(self, start: int, stop: int) -> int | None:
+        """Index of the segment holding slots ``[start, stop)``, or None when they straddle the
+        split (no single view can cover them)."""
+        return next(
+            (i for i, (lo, hi) in enumerate(self.bounds) if lo <= start and stop <= hi), None
+        )
+
     def _segment(self, start: int, stop: int) -> int:
-        """Index of the segment holding slots ``[start, stop)``; they may not straddle a split."""
         if not 0 <= start < stop <= self.capacity:
             raise IndexError(f"KV slots [{start}, {stop}) outside capacity {self.capacity}")
-        for i, (lo, hi) in enumerate(self.bounds):
-            if lo <= start and stop <= hi:
-                return i
-        raise IndexError(f"KV slots [{start}, {stop}) straddle the split at slot {self.split_at}")
+        i = self.segment_of(start, stop)
+        if i is None:
+            raise IndexError(
+                f"KV slots [{start}, {stop}) straddle the split at slot {self.split_at}"
+            )
+        return i
 
     def zeros(self, name: str, rows: int) -> np.ndarray:
         """A zeroed host array laid out like ``rows`` slots of buffer ``name`` (staging etc.)."""

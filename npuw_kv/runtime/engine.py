@@ -180,11 +180,8 @@ class StaticRunner:
             return fresh
         if plan.padded_len > self.shapes.max_prompt_len or plan.num_chunks >= fresh.num_chunks:
             return fresh
-        split = self.cache.split_at
-        if split is not None and any(
-            a < split < b for a, b in map(plan.chunk_slots, range(plan.num_chunks))
-        ):
-            return fresh
+        if any(self.cache.segment_of(*plan.chunk_slots(k)) is None for k in range(plan.num_chunks)):
+            return fresh  # a chunk's output view would straddle the split of the cache
         return plan
 
     def step(self, token: int) -> np.ndarray:
