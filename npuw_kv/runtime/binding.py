@@ -60,15 +60,18 @@ class KVBinding:
         self._staging_in: dict[str, np.ndarray] = {}
         self._staging_out: dict[str, np.ndarray] = {}
         self._scratch: dict[str, ov.Tensor] = {}
+        head = past_len if split is None else split
         for port in ports:
-            empty = cache.tensor(cache.zeros(port.name, 0))
-            head = past_len if split is None else split
             if split_past:
-                tail = cache.view(port.name, head, past_len) if past_len > head else empty
+                tail = (
+                    cache.view(port.name, head, past_len)
+                    if past_len > head
+                    else self._empty(port.name)
+                )
                 request.set_tensor(tail_input(port.name), tail)
             if mode == "roi" and head == 0:
                 # one chunk covers MAX_PROMPT_LEN: the prefill has no past at all
-                request.set_tensor(port.name, empty)
+                request.set_tensor(port.name, self._empty(port.name))
             elif mode == "roi":
                 request.set_tensor(port.name, cache.view(port.name, 0, head))
             else:
@@ -78,6 +81,10 @@ class KVBinding:
                 self._staging_out[port.name] = new
                 request.set_tensor(port.name, cache.tensor(past))
                 request.set_output_tensor(port.output_index, cache.tensor(new))
+
+    def _empty(self, name: str) -> ov.Tensor:
+        """A zero-length past, for a port that has nothing to read."""
+        return self.cache.tensor(self.cache.zeros(name, 0))
 
     def reset(self) -> None:
         """Forget what the staging holds (a new prompt rewrites the cache)."""
