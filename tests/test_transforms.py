@@ -118,3 +118,40 @@ def test_split_past_reads_the_prefix_then_the_tail(smol_model):
     expected = whole.get_output_tensor(index).data
     np.testing.assert_allclose(split.get_output_tensor(index).data, expected, atol=1e-5)
     assert np.abs(expected).max() > 1.0  # real logits, not an all-zero output
+
+
+def test_softmax_scale_moves_to_the_query(smol_model):
+    """SDPA gets scale 1 and a pre-scaled query; head_dim 64 (scale 1/8) keeps logits bit-equal."""
+    T.make_stateless(smol_model)
+    T.fix_gqa_broadcast(smol_model)
+    layout = discover_layout(smol_model)
+    T.fold_gqa_into_attention(smol_model)
+    T.set_shapes(smol_model, layout, None, None, None)
+    unscaled = smol_model.clone()
+    assert T.scale_query_for_attention(smol_model) == 30
+    for sdpa in (
+        op for op in smol_model.get_ops() if op.get_type_name() == "ScaledDotProductAttention"
+    ):
+        scale = sdpa.input(4).get_source_output().get_node()
+        while scale.get_type_name() == "Convert":
+            scale = scale.input(0).get_source_output().get_node()
+        assert scale.get_type_name() == "Constant" and scale.get_data().item() == 1.0
+        query = sdpa.input(0).get_source_output().get_node()
+        assert query.get_type_name() == "Multiply"
+
+    core, rng = ov.Core(), np.random.default_rng(1)
+    feeds = {
+        "input_ids": rng.integers(0, 49152, (1, 5)).astype(np.int64),
+        "position_ids": np.arange(12, 17, dtype=np.int64)[None],
+        "attention_mask": np.ones((1, 17), np.int64),
+    }
+    feeds |= {
+        p.input_name: rng.normal(0, 1, (1, 3, 12, 64)).astype(np.float32) for p in layout.ports
+    }
+    logits = []
+    for model in (unscaled, smol_model):
+        request = core.compile_model(model, "CPU", dict(EXACT_F32)).create_infer_request()
+        request.infer(feeds)
+        logits.append(request.get_output_tensor(layout.logits_output_index).data.copy())
+    assert np.abs(logits[0]).max() > 1.0
+    np.testing.assert_array_equal(logits[1], logits[0])

@@ -48,6 +48,9 @@ def prepare(
 ) -> tuple[ov.Model, KVLayout]:
     """Stateless, GQA-broadcast fix, new-KV-only presents, last-position logits, KV dtype.
 
+    Attention is rewritten so the plugin neither expands nor rescales the past (GQA folded,
+    softmax scale moved to the query).
+
     ``full_logits`` keeps the LM head on every position (C x vocab per chunk): only for
     measuring prompt perplexity, never for serving.
     """
@@ -58,6 +61,7 @@ def prepare(
     if not full_logits:
         T.logits_for_last_position(model, layout)
     T.fold_gqa_into_attention(model)
+    T.scale_query_for_attention(model)
     if kv_precision != "f32":
         T.set_kv_precision(model, layout, kv_precision)
         layout = layout.with_precision(kv_precision)
