@@ -5,7 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["GenerationConfig", "GenerationResult", "LLMPipeline", "PipelineConfig"]
+__all__ = [
+    "CapacityError",
+    "CompileError",
+    "GenerationConfig",
+    "GenerationResult",
+    "LLMPipeline",
+    "ModelLoadError",
+    "ModelSourceError",
+    "PipelineConfig",
+]
+# error types: where each lives (imported lazily, like everything that needs OpenVINO)
+_ERRORS = {
+    "CapacityError": "runtime.engine",
+    "CompileError": "runtime.compile",
+    "ModelLoadError": "model.variants",
+    "ModelSourceError": "model.source",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +38,8 @@ def __getattr__(name: str) -> Any:
         from .config import PipelineConfig
 
         return PipelineConfig
+    if name in _ERRORS:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_ERRORS[name]}", __name__), name)
     raise AttributeError(f"module 'npuw_kv' has no attribute {name!r}")

@@ -7,6 +7,7 @@ openvino-genai's NPU pipeline work unchanged.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -48,17 +49,20 @@ int8 dynamic quantization of activations for compressed weights)."""
 
 
 def _as_bool(key: str, value: Any) -> bool:
+    """True/False, or the YES/NO strings OpenVINO properties use (not None, not other types)."""
     if isinstance(value, bool):
         return value
-    text = str(value).strip().upper()
+    text = value.strip().upper() if isinstance(value, str) else None
     if text in ("YES", "TRUE", "1", "ON"):
         return True
     if text in ("NO", "FALSE", "0", "OFF"):
         return False
-    raise ValueError(f"{key}={value!r}: expected YES/NO")
+    raise ValueError(f"{key}={value!r}: expected True/False or YES/NO")
 
 
 def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):  # an int subclass, but never meant as a size
+        raise ValueError(f"{key}={value!r}: expected an integer")
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -92,6 +96,8 @@ class PipelineConfig:
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
     gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
+    # max_prompt_len as given, before rounding up to a multiple of the chunk (for messages)
+    requested_max_prompt_len: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         device = str(self.device).upper()
@@ -129,14 +135,55 @@ class PipelineConfig:
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
+        if not isinstance(self.npuw_devices, str) or not self.npuw_devices.strip():
+            raise ValueError(
+                f"npuw_devices (NPUW_DEVICES) must be a device list such as 'CPU' or 'NPU,CPU', "
+                f"got {self.npuw_devices!r}"
+            )
         chunk = self.prefill_chunk_size
         rounded = -(-self.max_prompt_len // chunk) * chunk
+        object.__setattr__(self, "requested_max_prompt_len", self.max_prompt_len)
         object.__setattr__(self, "max_prompt_len", rounded)
 
     @property
     def total_len(self) -> int:
         """KV capacity in tokens (MAX_PROMPT_LEN + MIN_RESPONSE_LEN)."""
         return self.max_prompt_len + self.min_response_len
+
+    def kv_capacity(self, context: tuple[int, str] | None) -> int:
+        """KV slots: MAX_PROMPT_LEN + MIN_RESPONSE_LEN, within the model's trained context.
+
+        ``context`` is (positions, where that was read) or None when unknown.  A MAX_PROMPT_LEN
+        beyond it is refused.  Generation stops at the context, and a prompt's first token sits
+        at most ``chunk - 1`` slots in (front padding), so slots past ``context + chunk - 1``
+        would never be used: the capacity is capped there, with a warning.
+        """
+        if not context:
+            return self.total_len
+        length, where = context
+        if self.max_prompt_len > length:
+            asked = self.requested_max_prompt_len
+            rounded = (
+                f" ({asked} rounded up to a multiple of the chunk, {self.prefill_chunk_size})"
+                if asked != self.max_prompt_len
+                else ""
+            )
+            raise ValueError(
+                f"MAX_PROMPT_LEN {self.max_prompt_len}{rounded} is beyond the model's trained "
+                f"context of {length} positions ({where}); lower max_prompt_len (MAX_PROMPT_LEN "
+                f"/ NPUW_LLM_MAX_PROMPT_LEN) to at most {length}"
+            )
+        usable = length + self.prefill_chunk_size - 1
+        if self.total_len > usable:
+            warnings.warn(
+                f"MAX_PROMPT_LEN {self.max_prompt_len} + MIN_RESPONSE_LEN "
+                f"{self.min_response_len} goes beyond the model's trained context of {length} "
+                f"positions ({where}), where generation stops anyway: the KV cache holds "
+                f"{usable} slots (the context plus the prefill chunk's padding)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return min(self.total_len, usable)
 
     @property
     def use_static_models(self) -> bool:
@@ -145,8 +192,9 @@ class PipelineConfig:
     @classmethod
     def from_kwargs(cls, device: str = "CPU", **kwargs: Any) -> PipelineConfig:
         """Build from our field names or NPUW/genai property names; unknown keys are errors."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         values: dict[str, Any] = {"device": device}
+        given: dict[str, str] = {}  # field -> the key that set it, to catch two aliases
         passthrough: dict[str, Any] = dict(kwargs.pop("compile_properties", None) or {})
         for key, value in kwargs.items():
             upper = key.upper()
@@ -162,12 +210,19 @@ class PipelineConfig:
                     f", their NPUW names {sorted(_ALIASES)}, or OpenVINO properties "
                     f"{list(_PASSTHROUGH)} / NPUW_*"
                 )
-            values[name] = value
+            if name in given and values[name] != value:
+                raise ValueError(
+                    f"{given[name]}={values[name]!r} and {key}={value!r} set the same setting "
+                    f"({name}) to different values; pass one of them"
+                )
+            values[name], given[name] = value, key
         for name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
             if name in values:
                 values[name] = _as_int(name, values[name])
-        for name in ("static_models", "prefix_reuse"):
-            if values.get(name) is not None:
+        if values.get("static_models") is not None:  # None: chosen per device
+            values["static_models"] = _as_bool("static_models", values["static_models"])
+        for name in ("prefix_reuse", "full_prefill_logits"):
+            if name in values:
                 values[name] = _as_bool(name, values[name])
         if "kv_precision" in values:
             values["kv_precision"] = str(values["kv_precision"]).lower()

@@ -14,14 +14,14 @@ from .runtime.compile import resolve_kv_precision
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     cfg = PipelineConfig.from_kwargs(device, **config)
-    model_dir = resolve_model(model)
+    model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
+    context = trained_context(model_dir)
     core = ov.Core()
     _, layout = prepare(read_ir(core, model_dir), resolve_kv_precision(core, cfg))
-    shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.total_len)
+    shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.kv_capacity(context))
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
     kv_slots = shapes.generate_past
-    context = trained_context(model_dir)
     lines = [
         f"model            {model_dir}",
         "trained context  " + (f"{context[0]} positions ({context[1]})" if context else "unknown"),

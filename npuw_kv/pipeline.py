@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +19,16 @@ import openvino_genai
 
 from .config import PipelineConfig
 from .model.source import resolve_model, trained_context
-from .model.variants import StaticShapes, prepare, read_ir
-from .runtime.compile import compile_requests, resolve_kv_precision
+from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
+from .runtime.compile import CompileError, compile_requests, resolve_kv_precision
 from .runtime.engine import StaticRunner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .sampling import GenerationConfig, Sampler
+from .stopping import StopStrings
 
-Streamer = Callable[[str], Any]
+# a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
+# openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
+Streamer = Any
 
 
 @dataclass
@@ -51,6 +54,11 @@ def _ids(encoded: Any) -> np.ndarray:
     return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
 
 
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
 class LLMPipeline:
     """Static prefill/generate LLM pipeline on one shared KV cache.
 
@@ -66,28 +74,41 @@ class LLMPipeline:
         self.model_dir = resolve_model(model, zero_points=self.config.gguf_zero_points)
         # (positions, where it was read); generation never goes past it
         self.trained_context = trained_context(self.model_dir)
-        if self.trained_context and self.config.max_prompt_len > self.trained_context[0]:
-            length, where = self.trained_context
-            raise ValueError(
-                f"MAX_PROMPT_LEN {self.config.max_prompt_len} is beyond the model's trained "
-                f"context of {length} positions ({where}); lower max_prompt_len "
-                f"(MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) to at most {length}"
-            )
+        kv_capacity = self.config.kv_capacity(self.trained_context)
         self.core = ov.Core()
+        ir = read_ir(self.core, self.model_dir)
+        try:  # before compiling: a broken tokenizer should not cost a compile first
+            self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
+        except RuntimeError as exc:
+            raise ModelLoadError(
+                f"cannot load the tokenizer IRs in {self.model_dir} ({_last_line(exc)})"
+            ) from exc
         kv_precision = resolve_kv_precision(self.core, self.config)
-        prepared, layout = prepare(
-            read_ir(self.core, self.model_dir), kv_precision, self.config.full_prefill_logits
-        )
+        prepared, layout = prepare(ir, kv_precision, self.config.full_prefill_logits)
+        del ir
         self.layout = layout
         self.shapes = StaticShapes(
-            self.config.prefill_chunk_size, self.config.max_prompt_len, self.config.total_len
+            self.config.prefill_chunk_size, self.config.max_prompt_len, kv_capacity
         )
-        requests = compile_requests(self.core, prepared, layout, self.config, self.shapes)
+        try:
+            requests = compile_requests(self.core, prepared, layout, self.config, self.shapes)
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{self.config.device} could not compile the model with these settings "
+                f"{self.config.compile_properties or '(defaults)'}: {_last_line(exc)}"
+            ) from exc
         del prepared  # the device holds its own copy of the graph now
-        self.runner = StaticRunner(
-            requests, layout, self.shapes, self.config.kv_binding, self.config.prefix_reuse
-        )
-        self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
+        logits = requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
+        self.vocab_size = logits.get_partial_shape()[-1].get_length()
+        try:
+            self.runner = StaticRunner(
+                requests, layout, self.shapes, self.config.kv_binding, self.config.prefix_reuse
+            )
+        except MemoryError as exc:
+            raise ValueError(
+                f"cannot allocate a KV cache of {kv_capacity} tokens; lower "
+                "max_prompt_len (MAX_PROMPT_LEN) or min_response_len (MIN_RESPONSE_LEN)"
+            ) from exc
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         self._history: list[dict[str, str]] | None = None
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which
@@ -159,12 +180,13 @@ class LLMPipeline:
         streamer cancelled the turn, as in openvino-genai).
         """
         config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
+        if config.eos_token_id is None or config.eos_token_id < 0:  # genai's "unset" is -1
+            config.eos_token_id = self.tokenizer.get_eos_token_id()
         chat = self._history is not None and isinstance(inputs, str)
         if isinstance(inputs, str):
             ids = self.encode(inputs, chat=chat, template=config.apply_chat_template)
         else:
-            data = inputs.data if isinstance(inputs, ov.Tensor) else inputs
-            ids = np.asarray(data, np.int64).reshape(-1)
+            ids = self._token_ids(inputs)
         result = self._generate_ids(ids, config, streamer)
         if chat and self._history is not None and result.finish_reason != "cancelled":
             self._history += [
@@ -173,18 +195,74 @@ class LLMPipeline:
             ]
         return result
 
+    def _token_ids(self, inputs: Any) -> np.ndarray:
+        """One prompt's token ids from a list, array, ``ov.Tensor`` or genai TokenizedInputs."""
+        if hasattr(inputs, "input_ids"):  # openvino_genai.TokenizedInputs
+            inputs = inputs.input_ids
+        array = np.asarray(inputs.data if isinstance(inputs, ov.Tensor) else inputs)
+        if array.ndim == 0:
+            raise ValueError(f"expected text or a sequence of token ids, got {inputs!r}")
+        if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
+            raise ValueError(
+                f"token ids of shape {list(array.shape)}: one prompt at a time (batch size 1)"
+            )
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got {array.dtype} values")
+        ids = array.astype(np.int64).reshape(-1)
+        outside = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if outside.size:
+            raise ValueError(
+                f"token id {int(outside[0])} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        return ids
+
+    def _token_streamer(self, streamer: Streamer) -> Any:
+        """A token-level streamer (``write(token)``, ``end()``) for ``streamer``."""
+        if streamer is None or isinstance(streamer, openvino_genai.StreamerBase):
+            return streamer
+        if not callable(streamer):
+            raise ValueError(
+                "streamer must be a callable taking text or an openvino_genai.StreamerBase, "
+                f"got {type(streamer).__name__}"
+            )
+
+        def checked(text: str) -> Any:
+            status = streamer(text)
+            if status is None or isinstance(status, (bool, openvino_genai.StreamingStatus)):
+                return status
+            raise ValueError(
+                "a streamer must return None, a bool or an openvino_genai.StreamingStatus, "
+                f"got {status!r}"
+            )
+
+        return openvino_genai.TextStreamer(self.tokenizer, checked)
+
     def _generate_ids(
-        self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer | None
+        self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer
     ) -> GenerationResult:
         sampler = Sampler(config, ids)
-        text_streamer = openvino_genai.TextStreamer(self.tokenizer, streamer) if streamer else None
+        token_streamer = self._token_streamer(streamer)
+        stops = StopStrings(self.tokenizer, config.stop_strings)
         eos = None if config.ignore_eos else config.eos_token_id
         start = time.perf_counter()
         logits = self.runner.prefill(ids)
         first_logits = logits
         tokens: list[int] = []
+        streamed = 0  # tokens handed to the streamer; it lags by stops.hold (see StopStrings)
         finish = "length"
         ttft = decode_start = time.perf_counter() - start
+
+        def stream(upto: int) -> str | None:
+            nonlocal streamed
+            while token_streamer is not None and streamed < upto:
+                status = token_streamer.write(tokens[streamed])
+                streamed += 1
+                if status == openvino_genai.StreamingStatus.CANCEL:
+                    return "cancelled"
+                if status in (openvino_genai.StreamingStatus.STOP, True):
+                    return "stop"
+            return None
+
         while len(tokens) < config.max_new_tokens:
             token = sampler(logits)
             if not tokens:
@@ -193,18 +271,12 @@ class LLMPipeline:
                 finish = "stop"
                 break
             tokens.append(token)
-            if text_streamer is not None:
-                status = text_streamer.write(token)
-                if status in (
-                    openvino_genai.StreamingStatus.STOP,
-                    openvino_genai.StreamingStatus.CANCEL,
-                ):
-                    finish = (
-                        "cancelled" if status == openvino_genai.StreamingStatus.CANCEL else "stop"
-                    )
-                    break
-            if config.stop_strings and self._hit_stop_string(tokens, config.stop_strings):
+            if stops.hit(tokens):
                 finish = "stop"
+                break
+            halted = stream(len(tokens) - stops.hold)
+            if halted:
+                finish = halted
                 break
             if len(tokens) >= config.max_new_tokens:
                 break
@@ -214,23 +286,19 @@ class LLMPipeline:
                 finish = "length"
                 break
             logits = self.runner.step(token)
-        if text_streamer is not None and finish != "cancelled":
-            text_streamer.end()  # flush held-back text; a cancelled run wants no more calls
+        text, kept = stops.cut(tokens)
+        if finish != "cancelled":
+            finish = stream(kept) or finish  # what the stop-string hold-back kept from it
+        if token_streamer is not None and finish != "cancelled":
+            token_streamer.end()  # flush held-back text; a cancelled run wants no more calls
         decode_s = time.perf_counter() - start - decode_start
-        text = self.tokenizer.decode(tokens) if tokens else ""
-        for stop in config.stop_strings:
-            cut = text.find(stop)
-            if cut >= 0:
-                text = text[:cut]
-        return GenerationResult(tokens, text, finish, int(ids.size), ttft, decode_s, first_logits)
+        return GenerationResult(
+            tokens[:kept], text, finish, int(ids.size), ttft, decode_s, first_logits
+        )
 
     def _at_trained_context(self, positions: int) -> bool:
         """True when ``positions`` tokens fill the model's trained context (no more steps)."""
         return self.trained_context is not None and positions >= self.trained_context[0]
-
-    def _hit_stop_string(self, tokens: list[int], stops: set[str]) -> bool:
-        tail = self.tokenizer.decode(tokens[-16:])
-        return any(stop in tail for stop in stops)
 
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:

@@ -25,6 +25,20 @@ class GenerationConfig:
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
 
     def __post_init__(self) -> None:
+        for name in ("do_sample", "ignore_eos", "apply_chat_template"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("max_new_tokens", "top_k"):
+            self._check_int(name)
+        for name in ("rng_seed", "eos_token_id"):
+            if getattr(self, name) is not None:
+                self._check_int(name)
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(
+                value, (int, float, np.number)
+            ):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.do_sample and self.temperature <= 0:
@@ -35,7 +49,22 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        self.stop_strings = set(self.stop_strings)
+        stops = {self.stop_strings} if isinstance(self.stop_strings, str) else self.stop_strings
+        try:
+            stops = set(stops)
+        except TypeError:
+            raise ValueError(f"stop_strings must be a set of strings, got {stops!r}") from None
+        if not all(isinstance(stop, str) and stop for stop in stops):
+            raise ValueError(
+                f"stop_strings must be non-empty strings, got {sorted(map(repr, stops))}"
+            )
+        self.stop_strings = stops
+
+    def _check_int(self, name: str) -> None:
+        value = getattr(self, name)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        setattr(self, name, int(value))
 
     @classmethod
     def build(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
@@ -83,8 +112,14 @@ class Sampler:
             return int(np.argmax(logits))
         scores = logits.astype(np.float64) / cfg.temperature
         if cfg.top_k and cfg.top_k < scores.size:
+            # exactly k tokens; among equal scores the lowest id wins, as in argmax, so top_k=1
+            # is greedy even when bf16 logits tie
             kth = np.partition(scores, -cfg.top_k)[-cfg.top_k]
-            scores = np.where(scores < kth, -np.inf, scores)
+            above = np.flatnonzero(scores > kth)
+            keep = np.concatenate([above, np.flatnonzero(scores == kth)[: cfg.top_k - above.size]])
+            kept = np.full_like(scores, -np.inf)
+            kept[keep] = scores[keep]
+            scores = kept
         probs = np.exp(scores - scores.max())
         probs /= probs.sum()
         if cfg.top_p < 1.0:

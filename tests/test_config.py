@@ -49,6 +49,11 @@ def test_openvino_properties_pass_through():
         ({"kv_binding": "mmap"}, "kv_binding"),
         ({"static_models": "maybe"}, "YES/NO"),
         ({"max_promt_len": 5}, "unknown setting 'max_promt_len'"),
+        ({"prefill_chunk_size": True}, "expected an integer"),
+        ({"prefix_reuse": None}, "prefix_reuse=None"),
+        ({"full_prefill_logits": "perhaps"}, "full_prefill_logits"),
+        ({"npuw_devices": 123}, "NPUW_DEVICES"),
+        ({"max_prompt_len": 512, "MAX_PROMPT_LEN": 256}, "set the same setting"),
     ],
 )
 def test_invalid_settings_name_the_knob(kwargs, message):
@@ -94,3 +99,22 @@ def test_npu_properties_share_weights_and_keep_f32_exact():
     assert (mine["NPUW_FOLD"], mine["NPUW_F16IC"]) == ("NO", "YES")  # explicit settings win
     _, cpu = device_properties(core, PipelineConfig.from_kwargs("CPU"))
     assert not any(k.startswith("NPUW") for k in cpu)
+
+
+def test_aliases_agreeing_and_yes_no_strings_are_fine():
+    cfg = PipelineConfig.from_kwargs(
+        "CPU", max_prompt_len=512, MAX_PROMPT_LEN=512, full_prefill_logits="NO", prefix_reuse="YES"
+    )
+    assert (cfg.max_prompt_len, cfg.full_prefill_logits, cfg.prefix_reuse) == (512, False, True)
+
+
+def test_kv_capacity_stays_within_the_trained_context():
+    cfg = PipelineConfig.from_kwargs("CPU", max_prompt_len=1000, min_response_len=128)
+    assert cfg.max_prompt_len == 1024 and cfg.requested_max_prompt_len == 1000
+    assert cfg.kv_capacity(None) == 1152
+    assert cfg.kv_capacity((8192, "GGUF")) == 1152
+    longer = PipelineConfig.from_kwargs("CPU", max_prompt_len=1024, min_response_len=512)
+    with pytest.warns(RuntimeWarning, match="KV cache holds 1355 slots"):
+        assert longer.kv_capacity((1100, "GGUF")) == 1100 + 256 - 1
+    with pytest.raises(ValueError, match=r"1024 \(1000 rounded up .* 256\) .* at most 1000"):
+        cfg.kv_capacity((1000, "GGUF"))

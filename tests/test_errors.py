@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import MAX_PROMPT, make_pipe
 
-from npuw_kv.model.source import ModelSourceError, resolve_model
-from npuw_kv.model.variants import ModelLoadError
-from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.runtime.engine import CapacityError
+from npuw_kv import CapacityError, CompileError, LLMPipeline, ModelLoadError, ModelSourceError
+from npuw_kv.model.source import resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +67,38 @@ def test_missing_and_corrupt_model_files(tmp_path, smol_dir):
     with pytest.raises(ModelSourceError, match="could not convert"):
         resolve_model(bad_gguf, cache_dir=tmp_path / "cache", log=lambda *a, **k: None)
     assert not list((tmp_path / "cache").glob("broken-*"))  # nothing half-written is cached
+
+
+def test_token_ids_are_checked(pipe, text_ids):
+    expected = pipe.generate(text_ids(10), max_new_tokens=3, ignore_eos=True).tokens
+    bad = [
+        ([-5, 1, 2], "outside the vocabulary"),
+        ([10**6, 1, 2], r"1000000 is outside the vocabulary \[0, 49152\)"),
+        ([1.7, 9690.2], "must be integers"),
+        ([[1, 9690], [198, 5]], "one prompt at a time"),
+        (5, "sequence of token ids"),
+    ]
+    for ids, message in bad:
+        with pytest.raises(ValueError, match=message):
+            pipe.generate(ids, max_new_tokens=2)
+    tokenized = pipe.get_tokenizer().encode("Hello there")  # genai's TokenizedInputs
+    assert pipe.generate(tokenized, max_new_tokens=2, ignore_eos=True).prompt_tokens > 1
+    assert pipe.generate(text_ids(10), max_new_tokens=3, ignore_eos=True).tokens == expected
+
+
+def test_a_broken_tokenizer_fails_before_compiling(tmp_path, smol_dir, monkeypatch):
+    for item in smol_dir.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    (tmp_path / "openvino_tokenizer.xml").unlink()
+    (tmp_path / "openvino_tokenizer.xml").write_text("<not an IR")
+    monkeypatch.setattr(
+        "npuw_kv.pipeline.compile_requests", lambda *a: pytest.fail("compiled first")
+    )
+    with pytest.raises(ModelLoadError, match="tokenizer"):
+        LLMPipeline(tmp_path)
+
+
+def test_a_property_the_device_refuses_is_a_compile_error(smol_dir):
+    with pytest.raises(CompileError, match="SNIPPETS_MODE") as info:
+        LLMPipeline(smol_dir, SNIPPETS_MODE="bogus", max_prompt_len=64, prefill_chunk_size=64)
+    assert isinstance(info.value, ValueError)  # the CLI reports it like any bad setting

@@ -7,6 +7,8 @@ import openvino_genai
 import pytest
 from conftest import make_pipe
 
+from npuw_kv import GenerationConfig
+
 
 @pytest.fixture(scope="module")
 def pipe(smol_dir):
@@ -160,3 +162,70 @@ def test_repetition_penalty_discourages_seen_tokens(pipe):
     varied = pipe.generate(prompt, max_new_tokens=48, ignore_eos=True, repetition_penalty=1.3)
     assert varied.tokens != plain.tokens
     assert len(set(varied.tokens)) >= len(set(plain.tokens))
+
+
+def test_a_config_without_eos_still_stops_at_eos(pipe):
+    """genai's GenerationConfig leaves eos_token_id at -1: the tokenizer's EOS still ends it."""
+    theirs = openvino_genai.GenerationConfig()
+    theirs.max_new_tokens = 64
+    assert theirs.eos_token_id == -1
+    for config in (GenerationConfig(max_new_tokens=64), theirs):
+        result = pipe.generate("Say only the word yes.", config)
+        assert result.finish_reason == "stop" and len(result.tokens) < 64
+    default = pipe.get_generation_config()
+    try:
+        pipe.set_generation_config(GenerationConfig(max_new_tokens=64))
+        assert pipe.generate("Say only the word yes.").finish_reason == "stop"
+    finally:
+        pipe.set_generation_config(default)
+
+
+def test_stop_strings_cut_text_tokens_and_stream_alike(pipe):
+    prompt, settings = (
+        "Count: 1, 2, 3, 4, 5, 6,",
+        {"ignore_eos": True, "apply_chat_template": False},
+    )
+    tokenizer = pipe.get_tokenizer()
+    free = pipe.generate(prompt, max_new_tokens=30, **settings)
+    pieces: list[str] = []
+    cut = pipe.generate(
+        prompt, max_new_tokens=30, stop_strings={" 8"}, streamer=pieces.append, **settings
+    )
+    decoded = tokenizer.decode(cut.tokens)
+    assert cut.finish_reason == "stop" and " 8" not in decoded and " 8" not in "".join(pieces)
+    assert "".join(pieces) == decoded and cut.text.startswith(decoded)
+    assert free.text.startswith(cut.text)
+    # a stop string spanning 20 tokens is seen as soon as it completes
+    long_stop = tokenizer.decode(free.tokens[5:25])
+    assert len(long_stop) > 16
+    stopped = pipe.generate(prompt, max_new_tokens=30, stop_strings={long_stop}, **settings)
+    assert stopped.finish_reason == "stop" and stopped.tokens == free.tokens[:5]
+
+
+def test_a_token_level_streamer_object_is_accepted(pipe, text_ids):
+    class Collect(openvino_genai.StreamerBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens: list[int] = []
+            self.ended = False
+
+        def write(self, token: int) -> openvino_genai.StreamingStatus:
+            self.tokens.append(token)
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            self.ended = True
+
+    collect = Collect()
+    result = pipe.generate(text_ids(20), max_new_tokens=6, ignore_eos=True, streamer=collect)
+    assert collect.tokens == result.tokens and collect.ended
+    pieces: list[str] = []
+    text_streamer = openvino_genai.TextStreamer(pipe.get_tokenizer(), pieces.append)
+    streamed = pipe.generate(
+        text_ids(20), max_new_tokens=6, ignore_eos=True, streamer=text_streamer
+    )
+    assert "".join(pieces) == streamed.text
+    with pytest.raises(ValueError, match="streamer must return None, a bool"):
+        pipe.generate(text_ids(20), max_new_tokens=3, streamer=lambda text: "x")
+    with pytest.raises(ValueError, match="streamer must be a callable"):
+        pipe.generate(text_ids(20), max_new_tokens=3, streamer="print")

@@ -85,6 +85,10 @@ def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
     return precision if precision.upper() in capabilities or precision == "f32" else "f32"
 
 
+class CompileError(ValueError):
+    """The device refused the model, or the properties passed to ``compile_model``."""
+
+
 def compile_requests(
     core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
 ) -> Requests:

@@ -100,7 +100,8 @@ class StaticRunner:
     # -- state -------------------------------------------------------------------------------
     @property
     def tokens_in_cache(self) -> int:
-        return self._next_slot - self._first_slot
+        # the very last step's KV is discarded, so the count stops at the capacity
+        return min(self._next_slot, self.cache.capacity) - self._first_slot
 
     @property
     def remaining_capacity(self) -> int:
