@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 RUNTIMES = ("npuw-kv", "npuw-kv-npu", "genai-cpu", "genai-sdpa", "npuw-llm")
+QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
 
 
 def _peak_rss_mb() -> float:
@@ -160,10 +161,13 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    """Run every runtime, print the table; 1 when any runtime failed (its row says why), else 0."""
     from .cli import _pipeline_kwargs
 
-    if args.quick:
-        args.prompt_len, args.new_tokens = 1000, 64
+    if args.quick or args.prompt_len is None:
+        args.prompt_len = QUICK_PROMPT_LEN
+    if args.quick or args.new_tokens is None:
+        args.new_tokens = QUICK_NEW_TOKENS
     extra = _pipeline_kwargs(args)
     # the static shapes go to every worker as their own arguments (npuw-llm needs them too)
     npuw_extra = {k: v for k, v in extra.items() if k not in ("max_prompt_len", "min_response_len")}
@@ -212,7 +216,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
-    return 0
+    failed = [r["runtime"] for r in results if "error" in r]
+    if failed:
+        print(f"npuw-kv bench: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _runtimes(listed: str | None, device: str | None) -> list[str]:
@@ -238,8 +245,8 @@ def _main() -> int:
     parser = argparse.ArgumentParser(prog="python -m npuw_kv.bench")
     parser.add_argument("--worker", required=True)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--prompt-len", type=int, default=1000)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=QUICK_PROMPT_LEN)
+    parser.add_argument("--new-tokens", type=int, default=QUICK_NEW_TOKENS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--extra", default="{}")
     parser.add_argument("--max-prompt-len", type=int, default=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Any
 
@@ -103,11 +104,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         repetition_penalty=args.repetition_penalty,
     )
     print()
-    print(
-        f"[{len(result.tokens)} tokens, finish={result.finish_reason}, "
-        f"TTFT {result.ttft_s * 1000:.0f} ms, {result.ms_per_token:.1f} ms/token]",
-        file=sys.stderr,
-    )
+    stats = f"{len(result.tokens)} tokens, finish={result.finish_reason}, "
+    stats += f"TTFT {result.ttft_s * 1000:.0f} ms"
+    if len(result.tokens) > 1:  # the rate is over decode steps: none before a second token
+        stats += f", {result.ms_per_token:.1f} ms/token"
+    print(f"[{stats}]", file=sys.stderr)
     return 0
 
 
@@ -154,6 +155,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
     return run_bench(args)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _check_inspect(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``inspect MODEL`` is ``inspect -m MODEL``; both, naming different models, is an error."""
+    if not args.model_path:
+        return
+    if args.model is not None and args.model != args.model_path:
+        parser.error(
+            f"the model is given twice: --model/-m {args.model!r} and MODEL {args.model_path!r}; "
+            "give one of them"
+        )
+    args.model = args.model_path
+
+
+def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--quick`` fixes the prompt and the new tokens: an explicit length beside it is an error."""
+    from .bench import QUICK_NEW_TOKENS, QUICK_PROMPT_LEN
+
+    if args.quick:
+        lengths = (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens))
+        given = [option for option, value in lengths if value is not None]
+        if given:
+            parser.error(
+                f"--quick fixes the prompt at ~{QUICK_PROMPT_LEN} tokens and "
+                f"{QUICK_NEW_TOKENS} new tokens; drop --quick or {' / '.join(given)}"
+            )
+    if args.prompt_len is None:
+        args.prompt_len = QUICK_PROMPT_LEN
+    if args.new_tokens is None:
+        args.new_tokens = QUICK_NEW_TOKENS
 
 
 def _int_list(text: str) -> list[int]:
@@ -230,17 +271,31 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(func=cmd_chat)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
     _model_args(insp)
-    insp.add_argument("model_path", nargs="?", default=None, help="same as --model")
-    insp.set_defaults(func=cmd_inspect)
+    insp.add_argument(
+        "model_path", nargs="?", default=None, metavar="MODEL", help="same as --model"
+    )
+    insp.set_defaults(func=cmd_inspect, check=functools.partial(_check_inspect, insp))
     bench = sub.add_parser(
-        "bench", help="TTFT / decode / peak RSS side by side with openvino-genai"
+        "bench",
+        help="TTFT / decode / peak RSS side by side with openvino-genai",
+        description="TTFT / decode / peak RSS side by side with openvino-genai. Prints the "
+        "whole table, a failed runtime as a 'failed: ...' row; the exit code is 1 when any "
+        "runtime listed failed (npuw-llm fails on the default GGUF model), else 0.",
     )
     _model_args(bench, for_bench=True)
-    bench.add_argument("--quick", action="store_true", help="one ~1000-token prompt, 64 new tokens")
-    bench.add_argument("--prompt-len", type=int, default=1000)
-    bench.add_argument("--new-tokens", type=int, default=64)
     bench.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per runtime (min is kept)"
+        "--quick",
+        action="store_true",
+        help="one ~1000-token prompt, 64 new tokens (not with --prompt-len / --new-tokens)",
+    )
+    bench.add_argument(
+        "--prompt-len", type=_positive_int, default=None, help="prompt tokens (default 1000)"
+    )
+    bench.add_argument(
+        "--new-tokens", type=_positive_int, default=None, help="new tokens per run (default 64)"
+    )
+    bench.add_argument(
+        "--repeats", type=_positive_int, default=3, help="timed runs per runtime (min is kept)"
     )
     bench.add_argument(
         "--runtimes",
@@ -249,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: npuw-kv for --device, and genai-cpu)",
     )
     bench.add_argument("--json", default=None, help="also write the results to this file")
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, check=functools.partial(_check_bench, bench))
     acc = sub.add_parser("accuracy", help="greedy agreement, |dlogit|, KL, perplexity vs f32 refs")
     acc.add_argument("--model", "-m", default=None, help="IR dir, .gguf, or 'smollm2' (default)")
     acc.add_argument("--prompt-lens", type=_int_list, default=[1024, 4096])
@@ -271,8 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "model_path", None):
-        args.model = args.model_path
+    check = getattr(args, "check", None)
+    if check is not None:  # cross-option checks: an argparse error (exit code 2) before any work
+        check(args)
     try:
         args.model_source = getattr(args, "model", None)
         if getattr(args, "gguf_zero_points", "genai") != "genai":

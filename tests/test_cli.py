@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+
+import pytest
 
 from npuw_kv.cli import main
 
@@ -95,3 +98,110 @@ def test_bench_device_picks_our_runtime_and_conflicts_are_reported(capsys):
     assert "--device must be CPU or NPU" in capsys.readouterr().err
     assert main(["bench", "--runtimes", "npuw-kv,vllm"]) == 2
     assert "unknown runtime(s) ['vllm']" in capsys.readouterr().err
+
+
+def _fake_bench_worker(monkeypatch, fail=()):
+    """Replace the bench subprocesses: ``fail`` runtimes fail, the others give a fixed result."""
+    import npuw_kv.bench as bench
+
+    calls = []
+
+    def worker(runtime, args, extra):
+        calls.append((runtime, args.prompt_len, args.new_tokens, args.repeats))
+        if runtime in fail:
+            return {"runtime": runtime, "error": f"CapacityError: {runtime} broke"}
+        result = {"runtime": runtime, "ttft_s": 0.5, "ms_per_token": 10.0, "peak_rss_mb": 400.0}
+        result.update(load_s=1.0, tokens=[1, 2, 3])
+        if runtime.startswith("npuw-kv"):
+            result.update(kv_bytes=2**20, host_copied=0, switch_copied=0)
+        return result
+
+    monkeypatch.setattr(bench, "_run_worker", worker)
+    return calls
+
+
+def test_bench_counts_below_1_are_argparse_errors(capsys, monkeypatch):
+    """``--repeats`` / ``--new-tokens`` / ``--prompt-len`` < 1: exit 2 naming it, nothing run."""
+    calls = _fake_bench_worker(monkeypatch)
+    for option in ("--repeats", "--new-tokens", "--prompt-len"):
+        for value in ("0", "-1"):
+            with pytest.raises(SystemExit) as exc:
+                main(["bench", "--runtimes", "npuw-kv", option, value])
+            assert exc.value.code == 2
+            err = capsys.readouterr().err
+            assert f"argument {option}: must be at least 1, got {value}" in err
+    assert calls == []
+
+
+def test_bench_exit_code_1_when_a_runtime_fails(capsys, tmp_path):
+    """A runtime that fails (here: the prompt outgrows MAX_PROMPT_LEN) is a row, and exit code 1."""
+    out_json = tmp_path / "bench.json"
+    argv = ["bench", "--runtimes", "npuw-kv", "--prompt-len", "300", "--max-prompt-len", "256"]
+    argv += ["--new-tokens", "1", "--repeats", "1", "--json", str(out_json)]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "runtime         TTFT s" in captured.out
+    row = next(line for line in captured.out.splitlines() if line.startswith("npuw-kv "))
+    assert "failed:" in row and "CapacityError" in row and "MAX_PROMPT_LEN is 256" in row
+    assert "npuw-kv bench: failed: npuw-kv" in captured.err
+    (result,) = json.loads(out_json.read_text())
+    assert "CapacityError" in result["error"]
+
+
+def test_bench_prints_the_whole_table_then_exits_1_on_any_failure(capsys, monkeypatch):
+    """One failed runtime among several: every row is printed, the failure too, then exit 1."""
+    _fake_bench_worker(monkeypatch, fail={"npuw-llm"})
+    assert main(["bench", "--runtimes", "npuw-kv,npuw-llm,genai-cpu"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any(line.startswith("npuw-kv ") and "0.500" in line for line in lines)
+    assert "npuw-llm      failed: CapacityError: npuw-llm broke" in lines
+    assert any(line.startswith("genai-cpu ") and "0.500" in line for line in lines)
+    assert "npuw-kv / genai-cpu: TTFT x1.00" in out  # the summary still follows the table
+    _fake_bench_worker(monkeypatch)
+    assert main(["bench", "--runtimes", "npuw-kv,genai-cpu"]) == 0
+
+
+def test_bench_quick_with_an_explicit_length_is_an_error(capsys, monkeypatch):
+    """``--quick`` fixes 1000 + 64 tokens: ``--prompt-len`` / ``--new-tokens`` with it is exit 2."""
+    calls = _fake_bench_worker(monkeypatch)
+    for extra in (["--prompt-len", "50"], ["--new-tokens", "8"], ["--prompt-len", "1000"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "--runtimes", "npuw-kv", "--quick", *extra])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "--quick fixes the prompt at ~1000 tokens and 64 new tokens" in err
+        assert f"drop --quick or {extra[0]}" in err
+    assert calls == []
+    assert main(["bench", "--runtimes", "npuw-kv", "--quick"]) == 0
+    assert main(["bench", "--runtimes", "npuw-kv", "--prompt-len", "50"]) == 0
+    assert main(["bench", "--runtimes", "npuw-kv", "--new-tokens", "8", "--repeats", "1"]) == 0
+    assert calls == [("npuw-kv", 1000, 64, 3), ("npuw-kv", 50, 64, 3), ("npuw-kv", 1000, 8, 1)]
+    assert "prompt 50 tokens of stdlib docstrings, 64 new tokens" in capsys.readouterr().out
+
+
+def test_inspect_model_given_twice_is_an_error(capsys, monkeypatch):
+    """``inspect -m A B`` names two models: exit 2 naming both; either alone is the model."""
+    import npuw_kv.inspect_model
+
+    seen = []
+    monkeypatch.setattr(npuw_kv.inspect_model, "describe", lambda m, *a, **k: seen.append(m))
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "-m", "smollm2", "/nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--model/-m 'smollm2'" in err and "MODEL '/nope'" in err
+    assert seen == []
+    assert main(["inspect", "/nope"]) == 0
+    assert main(["inspect", "-m", "/nope"]) == 0
+    assert main(["inspect", "--model", "/nope", "/nope"]) == 0  # the same model twice is fine
+    assert main(["inspect"]) == 0
+    assert seen == ["/nope", "/nope", "/nope", None]
+
+
+def test_generate_without_new_tokens_reports_no_rate(capsys):
+    """``-n 0`` generates nothing: the stats line gives the count and TTFT, no ms/token."""
+    assert main(["generate", "-n", "0", "--no-chat-template", "hi"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"\[0 tokens, finish=\w+, TTFT \d+ ms\]", err), err
+    assert "ms/token" not in err
