@@ -54,25 +54,22 @@ def test_prefill_views_share_the_generate_buffer(smol_pipe, text_ids):
     for port in runner.layout.ports:
         buffer = runner.cache.buffers[port.input_name]
         prefill_past = requests.prefill.get_tensor(port.input_name)
-        generate_past = requests.generate.get_tensor(port.input_name)
-        assert np.shares_memory(prefill_past.data, buffer)
-        assert np.shares_memory(generate_past.data, buffer)
-        assert address(prefill_past) == address(generate_past) == buffer.ctypes.data
-        # the prefill reads slots [0, MAX_PROMPT_LEN - C), not a copy of them
-        assert prefill_past.data.shape[2] == runner.shapes.prefill_past
         if requests.shared_weights:
-            # one compiled model with split past inputs: the prefix segment is contiguous, the
-            # prefill's tail is empty, the generate step's tail is the rest of the same buffer
+            # one compiled model, past split and sliced: the prefill reads the whole buffer
+            # (contiguous) up to its mask, the generate step binds it as the tail
             tail = tail_input(port.input_name)
-            assert prefill_past.is_continuous()
-            assert requests.prefill.get_tensor(tail).data.shape[2] == 0
             generate_tail = requests.generate.get_tensor(tail)
-            assert address(generate_tail) == buffer.ctypes.data + generate_past.byte_size
-            assert generate_past.data.shape[2] + generate_tail.data.shape[2] == (
-                runner.cache.capacity
-            )
+            for whole in (prefill_past, generate_tail):
+                assert whole.is_continuous() and address(whole) == buffer.ctypes.data
+                assert whole.data.shape[2] == runner.cache.capacity
+            assert requests.prefill.get_tensor(tail).data.shape[2] == 0
+            assert requests.generate.get_tensor(port.input_name).data.shape[2] == 0
         else:
-            # static models: the prefill past is a strided view of the generate buffer
+            # static models: the prefill reads slots [0, MAX_PROMPT_LEN - C) through a strided
+            # view of the buffer the generate step reads whole, not a copy of them
+            generate_past = requests.generate.get_tensor(port.input_name)
+            assert address(prefill_past) == address(generate_past) == buffer.ctypes.data
+            assert prefill_past.data.shape[2] == runner.shapes.prefill_past
             assert not prefill_past.is_continuous()
             assert generate_past.data.shape[2] == runner.cache.capacity
     stats = smol_pipe.kv_stats()

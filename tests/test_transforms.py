@@ -155,3 +155,51 @@ def test_softmax_scale_moves_to_the_query(smol_model):
         logits.append(request.get_output_tensor(layout.logits_output_index).data.copy())
     assert np.abs(logits[0]).max() > 1.0
     np.testing.assert_array_equal(logits[1], logits[0])
+
+
+def test_slice_past_reads_only_what_the_mask_covers(smol_model):
+    """Past bound to a whole 20-slot buffer, mask over 12 past slots: the logits of binding
+    just those 12 slots.  The tail is never sliced (the generate step reads all of it)."""
+    model, layout = prepare(smol_model)
+    T.set_shapes(model, layout, None, None, None)
+    T.split_past(model, layout)
+    unsliced = model.clone()
+    assert T.slice_past(model, layout) == 60
+
+    core, rng = ov.Core(), np.random.default_rng(2)
+    buffers = {
+        p.input_name: rng.normal(0, 1, (1, 3, 20, 64)).astype(np.float32) for p in layout.ports
+    }
+    empty = np.zeros((1, 3, 0, 64), np.float32)
+    new = {
+        "input_ids": rng.integers(0, 49152, (1, 5)).astype(np.int64),
+        "position_ids": np.arange(12, 17, dtype=np.int64)[None],
+        "attention_mask": np.ones((1, 17), np.int64),
+    }
+    exact = dict(EXACT_F32)
+    sliced = core.compile_model(model, "CPU", exact).create_infer_request()
+    plain = core.compile_model(unsliced, "CPU", exact).create_infer_request()
+    index = layout.logits_output_index
+    cases = [  # (past, tail) bound to the sliced model, then to the plain one
+        ({n: b for n, b in buffers.items()}, {n: empty for n in buffers}),
+        ({n: b[:, :, :12].copy() for n, b in buffers.items()}, {n: empty for n in buffers}),
+    ]
+    results = []
+    for request, (past, tail) in zip((sliced, plain), cases, strict=True):
+        feeds = {**new, **past, **{T.tail_input(n): t for n, t in tail.items()}}
+        request.infer(feeds)
+        results.append(request.get_output_tensor(index).data.copy())
+    assert np.abs(results[1]).max() > 1.0
+    np.testing.assert_array_equal(results[0], results[1])
+    step = {
+        "input_ids": np.array([[42]], np.int64),
+        "position_ids": np.array([[20]], np.int64),
+        "attention_mask": np.ones((1, 21), np.int64),
+    }
+    generate = {**step, **{n: empty for n in buffers}}
+    generate |= {T.tail_input(n): b for n, b in buffers.items()}
+    outputs = []
+    for request in (sliced, plain):
+        request.infer(generate)
+        outputs.append(request.get_output_tensor(index).data.copy())
+    np.testing.assert_array_equal(outputs[0], outputs[1])

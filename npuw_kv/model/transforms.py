@@ -153,12 +153,12 @@ def tail_input(name: str) -> str:
 def split_past(model: ov.Model, layout: KVLayout) -> int:
     """Give every past input a second part, ``past.tail``, read right after it.
 
-    Two inputs let one dynamic model take its past from two contiguous blocks: the prefill
-    binds the cache's prefix segment ``[0, MAX_PROMPT_LEN - C)`` and an empty tail, so it
-    attends over MAX_PROMPT_LEN positions, not TOTAL + C; the generate step binds both segments.
-    The tail joins the Concat that appends the new KV (one copy per step, as before), and the
-    past length the graph reads off ``ShapeOf(past)`` becomes the sum of both parts.
-    Returns the number of past inputs split.
+    Two inputs let one dynamic model take its past from either of two bindings of the same
+    contiguous buffer: the prefill binds it as ``past`` (sliced to what its mask covers, see
+    :func:`slice_past`) and an empty tail; the generate step binds an empty ``past`` and the
+    buffer as the tail, read whole with no slice.  The tail joins the Concat that appends the
+    new KV (one copy per step, as before), and the past length the graph reads off
+    ``ShapeOf(past)`` becomes the sum of both parts.  Returns the number of past inputs split.
     """
     tails = []
     for port in layout.ports:
@@ -196,6 +196,48 @@ def split_past(model: ov.Model, layout: KVLayout) -> int:
     model.add_parameters(tails)
     model.validate_nodes_and_infer_types()
     return len(tails)
+
+
+def slice_past(model: ov.Model, layout: KVLayout) -> int:
+    """Read each split past input (:func:`split_past`) only up to the length the mask gives.
+
+    Both parts can then be bound to the whole ``[1, H, slots, D]`` buffer, which is contiguous,
+    so the device reads it in place (a prefix of the slots would be a strided view, which the
+    CPU plugin stages through a copy).  The prefill binds the buffer as ``past`` and an empty
+    tail: with a mask of ``start + C`` a chunk written from slot ``start`` attends over the
+    slots before it, not over MAX_PROMPT_LEN.  The generate step binds an empty ``past`` and
+    the buffer as the tail, which is not sliced (a slice would copy the whole past every step).
+    Everything that read ``past``, its length included, reads the slice.  Returns the number of
+    past inputs sliced.
+    """
+    params = {p.get_friendly_name(): p for p in model.get_parameters()}
+    if "attention_mask" not in params or "input_ids" not in params:
+        raise ModelLayoutError("slice_past needs the attention_mask and input_ids inputs")
+    i64 = ov.Type.i64
+
+    def seq_len(node: ov.Node, axis: int) -> ov.Output:
+        shape = ops.shape_of(node, i64)
+        return ops.gather(shape, ops.constant(np.array([axis], np.int64)), 0).output(0)
+
+    # past slots the mask covers beyond the new tokens and the tail; every port's tail is bound
+    # alike (all empty, or all whole buffers), so one computation serves all of them
+    covered = ops.subtract(seq_len(params["attention_mask"], 1), seq_len(params["input_ids"], 1))
+    tail = params[tail_input(layout.ports[0].input_name)]
+    stop = ops.maximum(ops.subtract(covered, seq_len(tail, 2)), ops.constant(np.array([0])))
+    for port in layout.ports:
+        past = _past_param(model, port.input_name)
+        consumers = list(past.output(0).get_target_inputs())
+        sliced = ops.slice(
+            past,
+            ops.constant(np.array([0], np.int64)),
+            stop,
+            ops.constant(np.array([1], np.int64)),
+            ops.constant(np.array([2], np.int64)),
+        )
+        for consumer in consumers:
+            consumer.replace_source_output(sliced.output(0))
+    model.validate_nodes_and_infer_types()
+    return len(layout.ports)
 
 
 def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:

@@ -86,10 +86,13 @@ def static_pair(
 def shared_dynamic(model: ov.Model, layout: KVLayout) -> ov.Model:
     """Batch 1, sequence dims dynamic: serves both static shapes from one compiled model.
 
-    Its past inputs are split (:func:`~npuw_kv.model.transforms.split_past`) so the prefill can
-    read just the prefix of the shared buffer, contiguously.
+    Its past inputs are split in two (:func:`~npuw_kv.model.transforms.split_past`) and the
+    first part is sliced to the length the mask gives
+    (:func:`~npuw_kv.model.transforms.slice_past`): each request binds the whole shared
+    buffer to one part, and a prefill chunk attends only over the slots before it.
     """
     T.set_shapes(model, layout, None, None, None)
     T.split_past(model, layout)
+    T.slice_past(model, layout)
     model.set_friendly_name("npuw_kv_shared")
     return model

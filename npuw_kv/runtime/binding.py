@@ -1,10 +1,12 @@
 """Binding one infer request's past inputs and present outputs to the shared KV cache.
 
-``roi`` mode hands the device strided views of the shared buffers: the past input is the view
+``roi`` mode hands the device views of the shared buffers: the past input is the view
 ``[0, past_len)`` (bound once), each present output the view of the slots being written (rebound
-per step).  Nothing is copied on the host.  A model with split past inputs (``past`` and
-``past.tail``, see :func:`npuw_kv.model.transforms.split_past`) reads a split cache: the prefix
-segment through ``past`` and slots ``[split, past_len)`` through the tail, both contiguous.
+per step).  Nothing is copied on the host.  A model with a split, sliced past (``past`` read up
+to the mask length, then ``past.tail``; see :func:`npuw_kv.model.transforms.slice_past`) only
+ever gets the whole buffer, contiguous: a *growing* binding (the prefill) binds it as ``past``
+and reads slots ``[0, start)`` through a mask of ``start + C``; the generate step binds it as
+the tail.
 
 ``copy`` mode is for devices that refuse strided tensors: the request gets contiguous staging
 tensors; before an inference the rows that changed since the last sync are copied into the past
@@ -39,16 +41,11 @@ class KVBinding:
         new_tokens: int,
         mode: str,
         counter: CopyCounter,
-        split_past: bool = False,
+        sliced: bool = False,
+        grow: bool = False,
     ) -> None:
         if past_len > cache.capacity:
             raise ValueError(f"past length {past_len} exceeds KV capacity {cache.capacity}")
-        split = cache.split_at
-        if split is not None and (not split_past or mode != "roi" or past_len < split):
-            raise ValueError(
-                f"a KV cache split at slot {split} needs a split-past model bound in roi mode "
-                f"with a past of at least {split} slots (got {mode}, past {past_len})"
-            )
         self.request = request
         self.ports = ports
         self.cache = cache
@@ -56,24 +53,32 @@ class KVBinding:
         self.new_tokens = new_tokens
         self.mode = mode
         self.counter = counter
+        # roi on a sliced-past model: each chunk reads exactly the slots before it
+        self.grow = grow and sliced and mode == "roi"
+        if sliced and mode == "roi" and not grow and past_len != cache.capacity:
+            raise ValueError(
+                "a sliced-past model reads a growing prefix (prefill) or the whole buffer "
+                f"(generate), not a fixed past of {past_len} slots"
+            )
         self._synced = 0
         self._staging_in: dict[str, np.ndarray] = {}
         self._staging_out: dict[str, np.ndarray] = {}
         self._scratch: dict[str, ov.Tensor] = {}
-        head = past_len if split is None else split
+        whole = (0, cache.capacity)
         for port in ports:
-            if split_past:
-                tail = (
-                    cache.view(port.name, head, past_len)
-                    if past_len > head
-                    else self._empty(port.name)
+            if sliced:  # the tail holds the whole buffer in the generate step, else nothing
+                tail = not grow and mode == "roi" and past_len == cache.capacity
+                request.set_tensor(
+                    tail_input(port.name),
+                    cache.view(port.name, *whole) if tail else self._empty(port.name),
                 )
-                request.set_tensor(tail_input(port.name), tail)
-            if mode == "roi" and head == 0:
-                # one chunk covers MAX_PROMPT_LEN: the prefill has no past at all
+            if self.grow:
+                request.set_tensor(port.name, cache.view(port.name, *whole))
+            elif mode == "roi" and (past_len == 0 or sliced):
+                # no past at all (one chunk covers MAX_PROMPT_LEN), or it is all in the tail
                 request.set_tensor(port.name, self._empty(port.name))
             elif mode == "roi":
-                request.set_tensor(port.name, cache.view(port.name, 0, head))
+                request.set_tensor(port.name, cache.view(port.name, 0, past_len))
             else:
                 past = cache.zeros(port.name, past_len)
                 new = cache.zeros(port.name, new_tokens)
@@ -85,6 +90,10 @@ class KVBinding:
     def _empty(self, name: str) -> ov.Tensor:
         """A zero-length past, for a port that has nothing to read."""
         return self.cache.tensor(self.cache.zeros(name, 0))
+
+    def past_len_for(self, start: int) -> int:
+        """Past slots the request reads when it writes from slot ``start`` (mask length - new)."""
+        return start if self.grow else self.past_len
 
     def reset(self) -> None:
         """Forget what the staging holds (a new prompt rewrites the cache)."""

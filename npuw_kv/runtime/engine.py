@@ -41,11 +41,11 @@ class StaticRunner:
         self.copied = CopyCounter()
         ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
         self.prefill_past = shapes.prefill_past
-        # One compiled model serving both shapes (CPU) has split past inputs.  Its prefill must
-        # not read a strided view: the CPU plugin stages a strided input through the memory the
-        # *other* request bound zero-copy, i.e. our own buffer (an A->A copy that scrambles it).
-        # A cache split at MAX_PROMPT_LEN - C gives it a contiguous prefix instead.
-        self._split_past = requests.shared_weights
+        # One compiled model serving both shapes (CPU) slices its past by the mask length.  Its
+        # prefill must not read a strided view: the CPU plugin stages a strided input through
+        # the memory the *other* request bound zero-copy, i.e. our own buffer (an A->A copy
+        # that scrambles it).  So both requests bind the whole buffer, which is contiguous.
+        self._sliced = requests.shared_weights
         try:
             self._bind(ports, kv_binding)
         except RuntimeError as exc:
@@ -72,30 +72,17 @@ class StaticRunner:
 
     def _bind(self, ports: list[BoundPort], mode: str) -> None:
         shapes = self.shapes
-        # split the cache where the prefill's past ends; with no prefill past (one chunk covers
-        # MAX_PROMPT_LEN) there is nothing to split, and copy mode stages through its own buffers
-        split_here = self._split_past and mode == "roi" and shapes.prefill_past > 0
-        split = shapes.prefill_past if split_here else None
-        # TOTAL-1 slots: the generate past inputs then cover the whole buffer (both segments when
-        # split); the KV of the TOTAL-th token is never read, the last step writes it to scratch.
-        self.cache = SharedKVCache(
-            self._specs, shapes.generate_past, self.layout.precision, split_at=split
-        )
+        # TOTAL-1 slots: the generate past input is the whole buffer; the KV of the TOTAL-th
+        # token is never read, the last step writes it to scratch.
+        self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision)
 
-        def binding(request: ov.InferRequest, past_len: int, new_tokens: int) -> KVBinding:
+        def binding(request: ov.InferRequest, past: int, new: int, grow: bool) -> KVBinding:
             return KVBinding(
-                request,
-                ports,
-                self.cache,
-                past_len,
-                new_tokens,
-                mode,
-                self.copied,
-                self._split_past,
+                request, ports, self.cache, past, new, mode, self.copied, self._sliced, grow
             )
 
-        self.prefill_binding = binding(self.requests.prefill, self.prefill_past, shapes.chunk)
-        self.generate_binding = binding(self.requests.generate, shapes.generate_past, 1)
+        self.prefill_binding = binding(self.requests.prefill, self.prefill_past, shapes.chunk, True)
+        self.generate_binding = binding(self.requests.generate, shapes.generate_past, 1, False)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -143,7 +130,8 @@ class StaticRunner:
         self.generate_binding.reset()
         logits = np.empty((1, 0), np.float32)
         for k in range(plan.num_chunks):
-            inputs = prefill_inputs(ids, plan, k, self.prefill_past)
+            past_len = self.prefill_binding.past_len_for(plan.chunk_slots(k)[0])
+            inputs = prefill_inputs(ids, plan, k, past_len)
             self.prefill_binding.before(inputs.write_slots, inputs.write_slots[0])
             logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
             if on_chunk is not None:
@@ -165,7 +153,7 @@ class StaticRunner:
         """A fresh plan, or a continuation after the longest prefix whose KV is still cached.
 
         A continuation keeps the cached tokens' slots, so it must end inside the prompt part
-        of the cache and, on a split cache, not run a chunk across the split.
+        of the cache.
         """
         fresh = PromptPlan(int(ids.size), self.shapes.chunk)
         n = min(len(self._cached), ids.size - 1)  # at least one token must run for logits
@@ -181,8 +169,6 @@ class StaticRunner:
             return fresh
         if plan.padded_len > self.shapes.max_prompt_len or plan.num_chunks >= fresh.num_chunks:
             return fresh
-        if any(self.cache.segment_of(*plan.chunk_slots(k)) is None for k in range(plan.num_chunks)):
-            return fresh  # a chunk's output view would straddle the split of the cache
         return plan
 
     def step(self, token: int) -> np.ndarray:
