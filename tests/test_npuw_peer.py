@@ -42,12 +42,12 @@ def test_f16_kv_no_worse_than_npuw(smol_optimum_dir, tmp_path):
 def test_npu_path_runs_unfolded_when_npuw_cannot_fold(smol_optimum_dir):
     """NPUW's folding fails on this export in a plain compile; the pipeline says so and runs
     the two static models unfolded, unless folding was asked for explicitly."""
-    from npuw_kv import LLMPipeline
+    from npuw_kv import CompileError, LLMPipeline
 
     settings = {"max_prompt_len": 256, "min_response_len": 16}
     with pytest.warns(RuntimeWarning, match="NPUW could not fold this model"):
         pipe = LLMPipeline(smol_optimum_dir, "NPU", **settings)
     assert pipe.runner.requests.device_properties["NPUW_FOLD"] == "NO"
     assert len(pipe.generate([1, 9690, 198], max_new_tokens=3, ignore_eos=True).tokens) == 3
-    with pytest.raises(RuntimeError, match="leave NPUW_FOLD unset"):
+    with pytest.raises(CompileError, match="leave NPUW_FOLD unset"):
         LLMPipeline(smol_optimum_dir, "NPU", NPUW_FOLD="YES", **settings)

@@ -64,3 +64,15 @@ def test_generation_stops_at_the_trained_context(short_model):
     assert len(result.tokens) == CONTEXT - ids.size  # prompt + output fill the context exactly
     shorter = pipe.generate(ids[:30], max_new_tokens=40, ignore_eos=True)
     assert len(shorter.tokens) == 40  # well inside the context: max_new_tokens decides
+
+
+def test_inspect_applies_the_same_rules(short_model):
+    """``npuw-kv inspect`` shows the shapes a pipeline would use, or refuses as it would."""
+    from npuw_kv.inspect_model import describe
+
+    ir, _ = short_model
+    with pytest.raises(ValueError, match="trained context of 80"):
+        describe(str(ir), **{**SHAPES, "max_prompt_len": 96})
+    with pytest.warns(RuntimeWarning, match="trained context of 80"):
+        text = describe(str(ir), **SHAPES)
+    assert "attention_mask [1,95]" in text  # KV capped at the context plus the chunk's padding

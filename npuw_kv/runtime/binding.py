@@ -73,6 +73,8 @@ class KVBinding:
                     cache.view(port.name, *whole) if tail else self._empty(port.name),
                 )
             if self.grow:
+                # the chunk's output view [start, start + C) lies in this same buffer, past the
+                # slice the mask sets: the request never reads the slots it writes
                 request.set_tensor(port.name, cache.view(port.name, *whole))
             elif mode == "roi" and (past_len == 0 or sliced):
                 # no past at all (one chunk covers MAX_PROMPT_LEN), or it is all in the tail
