@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from .config import PipelineConfig
+
 RUNTIMES = ("npuw-kv", "npuw-kv-npu", "genai-cpu", "genai-sdpa", "npuw-llm")
 QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
 
@@ -84,7 +86,9 @@ def _worker(
         device = "NPU" if runtime == "npuw-kv-npu" else "CPU"
         # every timed run repeats the prompt: reusing its cached KV would time one chunk, so the
         # runs are cold, as genai-cpu's (prefix caching off); -p PREFIX_REUSE=YES overrides
-        settings = {"prefix_reuse": False, **extra}
+        settings = dict(extra)
+        if all(PipelineConfig.setting_name(key) != "prefix_reuse" for key in settings):
+            settings["prefix_reuse"] = False
         pipe = LLMPipeline(
             model_dir,
             device,
@@ -169,9 +173,16 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.quick or args.new_tokens is None:
         args.new_tokens = QUICK_NEW_TOKENS
     extra = _pipeline_kwargs(args)
-    # the static shapes go to every worker as their own arguments (npuw-llm needs them too)
-    npuw_extra = {k: v for k, v in extra.items() if k not in ("max_prompt_len", "min_response_len")}
-    genai_extra = {k: v for k, v in extra.items() if k.isupper()}
+    # the static shapes go to every worker as their own arguments (npuw-llm needs them too),
+    # whichever name set them (--max-prompt-len, -p MAX_PROMPT_LEN=..., ...)
+    npuw_extra = {}
+    for key, value in extra.items():
+        name = PipelineConfig.setting_name(key)
+        if name in ("max_prompt_len", "min_response_len"):
+            setattr(args, name, int(value))
+        else:
+            npuw_extra[key] = value
+    genai_extra = {k: v for k, v in npuw_extra.items() if k.isupper()}
     if args.exact:  # genai's CPU default KV cache is u8; exact means f32 there too
         genai_extra["KV_CACHE_PRECISION"] = "f32"
     runtimes = _runtimes(args.runtimes, args.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .config import EXACT_F32
@@ -157,14 +158,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(low: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}{why}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _at_least(1)
 
 
 def _check_inspect(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -292,7 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-len", type=_positive_int, default=None, help="prompt tokens (default 1000)"
     )
     bench.add_argument(
-        "--new-tokens", type=_positive_int, default=None, help="new tokens per run (default 64)"
+        "--new-tokens",
+        type=_at_least(2, " (a decode rate needs a second token)"),
+        default=None,
+        help="new tokens per run (default 64)",
     )
     bench.add_argument(
         "--repeats", type=_positive_int, default=3, help="timed runs per runtime (min is kept)"

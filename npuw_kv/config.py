@@ -72,6 +72,19 @@ def _as_int(key: str, value: Any) -> int:
     return number
 
 
+def _normalize(name: str, value: Any) -> Any:
+    """A setting's value in its field's type, so that two spellings of it compare equal."""
+    if name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
+        return _as_int(name, value)
+    if name in ("prefix_reuse", "full_prefill_logits") or (
+        name == "static_models" and value is not None  # None: chosen per device
+    ):
+        return _as_bool(name, value)
+    if name in ("kv_precision", "kv_binding", "gguf_zero_points"):
+        return str(value).lower()
+    return value
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """Static shapes and runtime choices of one pipeline.
@@ -162,24 +175,30 @@ class PipelineConfig:
             return self.total_len
         length, where = context
         if self.max_prompt_len > length:
-            asked = self.requested_max_prompt_len
+            asked, chunk = self.requested_max_prompt_len, self.prefill_chunk_size
             rounded = (
-                f" ({asked} rounded up to a multiple of the chunk, {self.prefill_chunk_size})"
+                f" ({asked} rounded up to a multiple of the chunk, {chunk})"
                 if asked != self.max_prompt_len
                 else ""
             )
+            fits = length // chunk * chunk  # the longest MAX_PROMPT_LEN this chunk allows
+            advice = (
+                f"lower max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) to at most "
+                f"{fits}" + (" or use a smaller prefill_chunk_size" if rounded else "")
+                if fits
+                else f"lower prefill_chunk_size (NPUW_LLM_PREFILL_CHUNK_SIZE) to at most {length}"
+            )
             raise ValueError(
                 f"MAX_PROMPT_LEN {self.max_prompt_len}{rounded} is beyond the model's trained "
-                f"context of {length} positions ({where}); lower max_prompt_len (MAX_PROMPT_LEN "
-                f"/ NPUW_LLM_MAX_PROMPT_LEN) to at most {length}"
+                f"context of {length} positions ({where}); {advice}"
             )
         usable = length + self.prefill_chunk_size - 1
         if self.total_len > usable:
             warnings.warn(
                 f"MAX_PROMPT_LEN {self.max_prompt_len} + MIN_RESPONSE_LEN "
                 f"{self.min_response_len} goes beyond the model's trained context of {length} "
-                f"positions ({where}), where generation stops anyway: the KV cache holds "
-                f"{usable} slots (the context plus the prefill chunk's padding)",
+                f"positions ({where}), where generation stops anyway: the KV capacity is "
+                f"capped at {usable} (the context plus the prefill chunk's padding)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -190,43 +209,39 @@ class PipelineConfig:
         return self.static_models if self.static_models is not None else self.device != "CPU"
 
     @classmethod
+    def setting_name(cls, key: str) -> str | None:
+        """The field ``key`` sets (our name or an NPUW alias, any case), or None for an OpenVINO
+        property passed through to ``compile_model``; unknown keys are errors."""
+        known = {f.name for f in fields(cls) if f.init} - {"device", "compile_properties"}
+        upper = key.upper()
+        if upper not in _ALIASES and (
+            upper in _PASSTHROUGH or upper.startswith(_PASSTHROUGH_PREFIXES)
+        ):
+            return None
+        name = key if key in known else _ALIASES.get(upper, key.lower())
+        if name not in known:
+            raise ValueError(
+                f"unknown setting {key!r}; known: {sorted(known)}, their NPUW names "
+                f"{sorted(_ALIASES)}, or OpenVINO properties {list(_PASSTHROUGH)} / NPUW_*"
+            )
+        return name
+
+    @classmethod
     def from_kwargs(cls, device: str = "CPU", **kwargs: Any) -> PipelineConfig:
         """Build from our field names or NPUW/genai property names; unknown keys are errors."""
-        known = {f.name for f in fields(cls) if f.init}
         values: dict[str, Any] = {"device": device}
         given: dict[str, str] = {}  # field -> the key that set it, to catch two aliases
         passthrough: dict[str, Any] = dict(kwargs.pop("compile_properties", None) or {})
         for key, value in kwargs.items():
-            upper = key.upper()
-            if upper not in _ALIASES and (
-                upper in _PASSTHROUGH or upper.startswith(_PASSTHROUGH_PREFIXES)
-            ):
-                passthrough[upper] = value
+            name = cls.setting_name(key)
+            if name is None:
+                passthrough[key.upper()] = value
                 continue
-            name = key if key in known else _ALIASES.get(upper, key.lower())
-            if name not in known or name == "device":
-                raise ValueError(
-                    f"unknown setting {key!r}; known: {sorted(known - {'device'})} "
-                    f", their NPUW names {sorted(_ALIASES)}, or OpenVINO properties "
-                    f"{list(_PASSTHROUGH)} / NPUW_*"
-                )
+            value = _normalize(name, value)
             if name in given and values[name] != value:
                 raise ValueError(
                     f"{given[name]}={values[name]!r} and {key}={value!r} set the same setting "
                     f"({name}) to different values; pass one of them"
                 )
             values[name], given[name] = value, key
-        for name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
-            if name in values:
-                values[name] = _as_int(name, values[name])
-        if values.get("static_models") is not None:  # None: chosen per device
-            values["static_models"] = _as_bool("static_models", values["static_models"])
-        for name in ("prefix_reuse", "full_prefill_logits"):
-            if name in values:
-                values[name] = _as_bool(name, values[name])
-        if "kv_precision" in values:
-            values["kv_precision"] = str(values["kv_precision"]).lower()
-        for name in ("kv_binding", "gguf_zero_points"):
-            if name in values:
-                values[name] = str(values[name]).lower()
         return cls(**values, compile_properties=passthrough)

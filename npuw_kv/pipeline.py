@@ -54,6 +54,14 @@ def _ids(encoded: Any) -> np.ndarray:
     return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
 
 
+# what a streamer may return to end generation early (``CANCEL`` also drops the chat turn)
+_STOPS = (
+    openvino_genai.StreamingStatus.STOP,
+    openvino_genai.StreamingStatus.TOOL_CALL_STOP,
+    True,
+)
+
+
 def _last_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[-1] if lines else type(exc).__name__
@@ -249,6 +257,7 @@ class LLMPipeline:
         first_logits = logits
         tokens: list[int] = []
         streamed = 0  # tokens handed to the streamer; it lags by stops.hold (see StopStrings)
+        halted: str | None = None  # set when the streamer itself stopped or cancelled the run
         finish = "length"
         ttft = decode_start = time.perf_counter() - start
 
@@ -259,7 +268,7 @@ class LLMPipeline:
                 streamed += 1
                 if status == openvino_genai.StreamingStatus.CANCEL:
                     return "cancelled"
-                if status in (openvino_genai.StreamingStatus.STOP, True):
+                if status in _STOPS:
                     return "stop"
             return None
 
@@ -277,7 +286,7 @@ class LLMPipeline:
             halted = stream(len(tokens) - stops.hold)
             if halted:
                 finish = halted
-                break
+                break  # the streamer said stop: it gets nothing more
             if len(tokens) >= config.max_new_tokens:
                 break
             if self.runner.remaining_capacity <= 0 or self._at_trained_context(
@@ -287,8 +296,8 @@ class LLMPipeline:
                 break
             logits = self.runner.step(token)
         text, kept = stops.cut(tokens)
-        if finish != "cancelled":
-            finish = stream(kept) or finish  # what the stop-string hold-back kept from it
+        if not halted and stream(kept) == "cancelled":  # what the stop-string hold-back kept
+            finish = "cancelled"
         if token_streamer is not None and finish != "cancelled":
             token_streamer.end()  # flush held-back text; a cancelled run wants no more calls
         decode_s = time.perf_counter() - start - decode_start

@@ -120,16 +120,21 @@ def _fake_bench_worker(monkeypatch, fail=()):
     return calls
 
 
-def test_bench_counts_below_1_are_argparse_errors(capsys, monkeypatch):
-    """``--repeats`` / ``--new-tokens`` / ``--prompt-len`` < 1: exit 2 naming it, nothing run."""
+def test_bench_counts_below_their_minimum_are_argparse_errors(capsys, monkeypatch):
+    """Counts below their minimum: exit 2 naming the option, nothing run.  ``--new-tokens``
+    needs 2, since a decode rate needs a second token."""
     calls = _fake_bench_worker(monkeypatch)
-    for option in ("--repeats", "--new-tokens", "--prompt-len"):
-        for value in ("0", "-1"):
+    for option, low, values in (
+        ("--repeats", 1, ("0", "-1")),
+        ("--prompt-len", 1, ("0", "-1")),
+        ("--new-tokens", 2, ("1", "0")),
+    ):
+        for value in values:
             with pytest.raises(SystemExit) as exc:
                 main(["bench", "--runtimes", "npuw-kv", option, value])
             assert exc.value.code == 2
             err = capsys.readouterr().err
-            assert f"argument {option}: must be at least 1, got {value}" in err
+            assert f"argument {option}: must be at least {low}" in err and f"got {value}" in err
     assert calls == []
 
 
@@ -137,7 +142,7 @@ def test_bench_exit_code_1_when_a_runtime_fails(capsys, tmp_path):
     """A runtime that fails (here: the prompt outgrows MAX_PROMPT_LEN) is a row, and exit code 1."""
     out_json = tmp_path / "bench.json"
     argv = ["bench", "--runtimes", "npuw-kv", "--prompt-len", "300", "--max-prompt-len", "256"]
-    argv += ["--new-tokens", "1", "--repeats", "1", "--json", str(out_json)]
+    argv += ["--new-tokens", "2", "--repeats", "1", "--json", str(out_json)]
     assert main(argv) == 1
     captured = capsys.readouterr()
     assert "runtime         TTFT s" in captured.out
@@ -205,3 +210,13 @@ def test_generate_without_new_tokens_reports_no_rate(capsys):
     err = capsys.readouterr().err
     assert re.search(r"\[0 tokens, finish=\w+, TTFT \d+ ms\]", err), err
     assert "ms/token" not in err
+
+
+def test_bench_prefix_reuse_override_reaches_the_worker():
+    """Runs are cold by default; ``-p PREFIX_REUSE=YES`` (any spelling) turns reuse back on."""
+    from npuw_kv.bench import _worker
+
+    shapes = {"prefill_chunk_size": 32}
+    cold = _worker("npuw-kv", None, 40, 2, 1, shapes, 64, 8)
+    warm = _worker("npuw-kv", None, 40, 2, 1, {**shapes, "PREFIX_REUSE": "YES"}, 64, 8)
+    assert cold["reused_tokens"] == 0 and warm["reused_tokens"] > 0

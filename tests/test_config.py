@@ -114,7 +114,18 @@ def test_kv_capacity_stays_within_the_trained_context():
     assert cfg.kv_capacity(None) == 1152
     assert cfg.kv_capacity((8192, "GGUF")) == 1152
     longer = PipelineConfig.from_kwargs("CPU", max_prompt_len=1024, min_response_len=512)
-    with pytest.warns(RuntimeWarning, match="KV cache holds 1355 slots"):
+    with pytest.warns(RuntimeWarning, match="KV capacity is capped at 1355"):
         assert longer.kv_capacity((1100, "GGUF")) == 1100 + 256 - 1
-    with pytest.raises(ValueError, match=r"1024 \(1000 rounded up .* 256\) .* at most 1000"):
+    with pytest.raises(ValueError, match=r"1024 \(1000 rounded up .* 256\) .* at most 768 or"):
         cfg.kv_capacity((1000, "GGUF"))
+    with pytest.raises(ValueError, match="prefill_chunk_size .* at most 200"):
+        cfg.kv_capacity((200, "GGUF"))
+
+
+def test_two_spellings_of_one_value_agree():
+    cfg = PipelineConfig.from_kwargs("CPU", max_prompt_len=512, MAX_PROMPT_LEN="512")
+    assert cfg.max_prompt_len == 512
+    cfg = PipelineConfig.from_kwargs("CPU", prefix_reuse=False, PREFIX_REUSE="NO")
+    assert cfg.prefix_reuse is False
+    assert PipelineConfig.setting_name("NPUW_LLM_MIN_RESPONSE_LEN") == "min_response_len"
+    assert PipelineConfig.setting_name("SNIPPETS_MODE") is None  # passed to compile_model

@@ -229,3 +229,34 @@ def test_a_token_level_streamer_object_is_accepted(pipe, text_ids):
         pipe.generate(text_ids(20), max_new_tokens=3, streamer=lambda text: "x")
     with pytest.raises(ValueError, match="streamer must be a callable"):
         pipe.generate(text_ids(20), max_new_tokens=3, streamer="print")
+
+
+class _StopAfter(openvino_genai.StreamerBase):
+    """Returns ``status`` at the ``n``-th token."""
+
+    def __init__(self, n: int, status: object) -> None:
+        super().__init__()
+        self.n, self.status, self.seen = n, status, []
+
+    def write(self, token: int) -> object:
+        self.seen.append(token)
+        return self.status if len(self.seen) == self.n else openvino_genai.StreamingStatus.RUNNING
+
+    def end(self) -> None:
+        pass
+
+
+def test_a_streamer_that_stops_gets_nothing_more(pipe, text_ids):
+    """With stop strings the streamer lags a few tokens; once it says stop, no held-back token
+    reaches it (a UI stop button must stop the text)."""
+    for status in (True, openvino_genai.StreamingStatus.STOP):
+        streamer = _StopAfter(3, status)
+        result = pipe.generate(
+            text_ids(20),
+            max_new_tokens=30,
+            ignore_eos=True,
+            stop_strings={"@@@@"},  # 4 bytes: the streamer lags 4 tokens
+            streamer=streamer,
+        )
+        assert result.finish_reason == "stop" and len(streamer.seen) == 3
+        assert result.tokens[:3] == streamer.seen and len(result.tokens) > 3  # ran ahead

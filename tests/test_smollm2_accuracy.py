@@ -96,6 +96,14 @@ def test_copy_binding_matches_roi_and_counts_bytes(smol_dir, text_ids):
     assert stats["prefill_host_bytes_copied"] == 3 * CHUNK * per_token
     assert stats["switch_host_bytes_copied"] == 2 * CHUNK * per_token
     assert stats["host_bytes_copied"] > stats["switch_host_bytes_copied"]
+    # the generate step reads its staging through the unsliced tail (no slice copy per step),
+    # the prefill through the sliced past; the other input is empty
+    requests, port = copy_pipe.runner.requests, copy_pipe.runner.layout.ports[0].input_name
+    tail = tail_input(port)
+    assert requests.generate.get_tensor(port).data.shape[2] == 0
+    assert requests.generate.get_tensor(tail).data.shape[2] == copy_pipe.runner.cache.capacity
+    assert requests.prefill.get_tensor(tail).data.shape[2] == 0
+    assert requests.prefill.get_tensor(port).data.shape[2] == copy_pipe.runner.prefill_past
 
 
 def test_kv_capacity_ends_with_length(smol_dir, text_ids):

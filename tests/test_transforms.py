@@ -88,7 +88,7 @@ def _count(model: ov.Model, kind: str) -> int:
     return sum(op.get_type_name() == kind for op in model.get_ops())
 
 
-def test_split_past_reads_the_prefix_then_the_tail(smol_model):
+def test_split_past_reads_past_then_tail(smol_model):
     """``Concat(past, past.tail)`` gives the same logits as one past input holding both parts."""
     model, layout = prepare(smol_model, kv_precision="f16")  # a Convert sits after each past
     T.set_shapes(model, layout, None, None, None)

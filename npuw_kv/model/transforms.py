@@ -137,7 +137,8 @@ def set_shapes(
     model.reshape(shapes)
 
 
-def _past_param(model: ov.Model, name: str) -> ov.Node:
+def _param(model: ov.Model, name: str) -> ov.Node:
+    """The input named ``name`` (friendly or tensor name)."""
     return next(
         p
         for p in model.get_parameters()
@@ -162,7 +163,7 @@ def split_past(model: ov.Model, layout: KVLayout) -> int:
     """
     tails = []
     for port in layout.ports:
-        param = _past_param(model, port.input_name)
+        param = _param(model, port.input_name)
         tail = ops.parameter(
             param.get_partial_shape(), param.get_element_type(), name=tail_input(port.input_name)
         )
@@ -210,9 +211,10 @@ def slice_past(model: ov.Model, layout: KVLayout) -> int:
     Everything that read ``past``, its length included, reads the slice.  Returns the number of
     past inputs sliced.
     """
-    params = {p.get_friendly_name(): p for p in model.get_parameters()}
-    if "attention_mask" not in params or "input_ids" not in params:
-        raise ModelLayoutError("slice_past needs the attention_mask and input_ids inputs")
+    try:
+        mask, ids = _param(model, "attention_mask"), _param(model, "input_ids")
+    except StopIteration:
+        raise ModelLayoutError("slice_past needs the attention_mask and input_ids inputs") from None
     i64 = ov.Type.i64
 
     def seq_len(node: ov.Node, axis: int) -> ov.Output:
@@ -221,11 +223,11 @@ def slice_past(model: ov.Model, layout: KVLayout) -> int:
 
     # past slots the mask covers beyond the new tokens and the tail; every port's tail is bound
     # alike (all empty, or all whole buffers), so one computation serves all of them
-    covered = ops.subtract(seq_len(params["attention_mask"], 1), seq_len(params["input_ids"], 1))
-    tail = params[tail_input(layout.ports[0].input_name)]
+    covered = ops.subtract(seq_len(mask, 1), seq_len(ids, 1))
+    tail = _param(model, tail_input(layout.ports[0].input_name))
     stop = ops.maximum(ops.subtract(covered, seq_len(tail, 2)), ops.constant(np.array([0])))
     for port in layout.ports:
-        past = _past_param(model, port.input_name)
+        past = _param(model, port.input_name)
         consumers = list(past.output(0).get_target_inputs())
         sliced = ops.slice(
             past,
@@ -249,7 +251,7 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
     target = getattr(ov.Type, dtype)
     changed = 0
     for port in layout.ports:
-        param = _past_param(model, port.input_name)
+        param = _param(model, port.input_name)
         compute = param.get_element_type()
         if compute == target:
             continue

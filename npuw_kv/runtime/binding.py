@@ -6,7 +6,7 @@ per step).  Nothing is copied on the host.  A model with a split, sliced past (`
 to the mask length, then ``past.tail``; see :func:`npuw_kv.model.transforms.slice_past`) only
 ever gets the whole buffer, contiguous: a *growing* binding (the prefill) binds it as ``past``
 and reads slots ``[0, start)`` through a mask of ``start + C``; the generate step binds it as
-the tail.
+the tail.  In copy mode the staging takes those places and the prefill's past does not grow.
 
 ``copy`` mode is for devices that refuse strided tensors: the request gets contiguous staging
 tensors; before an inference the rows that changed since the last sync are copied into the past
@@ -66,27 +66,27 @@ class KVBinding:
         self._scratch: dict[str, ov.Tensor] = {}
         whole = (0, cache.capacity)
         for port in ports:
-            if sliced:  # the tail holds the whole buffer in the generate step, else nothing
-                tail = not grow and mode == "roi" and past_len == cache.capacity
-                request.set_tensor(
-                    tail_input(port.name),
-                    cache.view(port.name, *whole) if tail else self._empty(port.name),
-                )
-            if self.grow:
-                # the chunk's output view [start, start + C) lies in this same buffer, past the
-                # slice the mask sets: the request never reads the slots it writes
-                request.set_tensor(port.name, cache.view(port.name, *whole))
-            elif mode == "roi" and (past_len == 0 or sliced):
-                # no past at all (one chunk covers MAX_PROMPT_LEN), or it is all in the tail
-                request.set_tensor(port.name, self._empty(port.name))
+            # a sliced-past model: the prefill reads through the sliced past, the generate step
+            # through the unsliced tail (a slice would copy every step); the other stays empty
+            target = tail_input(port.name) if sliced and not grow else port.name
+            if sliced:
+                other = port.name if target != port.name else tail_input(port.name)
+                request.set_tensor(other, self._empty(port.name))
+            if mode == "roi" and (self.grow or (sliced and past_len == cache.capacity)):
+                # for the prefill, the chunk's output view [start, start + C) lies in this same
+                # buffer, past the slice the mask sets: the request never reads what it writes
+                request.set_tensor(target, cache.view(port.name, *whole))
+            elif mode == "roi" and past_len == 0:
+                # one chunk covers MAX_PROMPT_LEN: the prefill has no past at all
+                request.set_tensor(target, self._empty(port.name))
             elif mode == "roi":
-                request.set_tensor(port.name, cache.view(port.name, 0, past_len))
+                request.set_tensor(target, cache.view(port.name, 0, past_len))
             else:
                 past = cache.zeros(port.name, past_len)
                 new = cache.zeros(port.name, new_tokens)
                 self._staging_in[port.name] = past
                 self._staging_out[port.name] = new
-                request.set_tensor(port.name, cache.tensor(past))
+                request.set_tensor(target, cache.tensor(past))
                 request.set_output_tensor(port.output_index, cache.tensor(new))
 
     def _empty(self, name: str) -> ov.Tensor:

@@ -77,7 +77,8 @@ class StepInputs:
 
 
 def prefill_inputs(ids: np.ndarray, plan: PromptPlan, k: int, past_len: int) -> StepInputs:
-    """Inputs of chunk ``k``; ``past_len`` is the prefill model's past length (static)."""
+    """Inputs of chunk ``k``; ``past_len`` is the past the request reads (its mask is
+    ``past_len + C`` long): the slots before the chunk, or a static model's whole past."""
     c = plan.chunk
     start, stop = plan.chunk_slots(k)
     if start > past_len:
