@@ -20,7 +20,7 @@ import openvino_genai
 from .config import PipelineConfig
 from .model.source import resolve_model, trained_context
 from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
-from .runtime.compile import CompileError, compile_requests, resolve_kv_precision
+from .runtime.compile import CompileError, compile_requests, last_line, resolve_kv_precision
 from .runtime.engine import StaticRunner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .sampling import GenerationConfig, Sampler
@@ -62,11 +62,6 @@ _STOPS = (
 )
 
 
-def _last_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[-1] if lines else type(exc).__name__
-
-
 class LLMPipeline:
     """Static prefill/generate LLM pipeline on one shared KV cache.
 
@@ -89,7 +84,7 @@ class LLMPipeline:
             self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
         except RuntimeError as exc:
             raise ModelLoadError(
-                f"cannot load the tokenizer IRs in {self.model_dir} ({_last_line(exc)})"
+                f"cannot load the tokenizer IRs in {self.model_dir} ({last_line(exc)})"
             ) from exc
         kv_precision = resolve_kv_precision(self.core, self.config)
         prepared, layout = prepare(ir, kv_precision, self.config.full_prefill_logits)
@@ -103,7 +98,7 @@ class LLMPipeline:
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.config.device} could not compile the model with these settings "
-                f"{self.config.compile_properties or '(defaults)'}: {_last_line(exc)}"
+                f"{self.config.compile_properties or '(defaults)'}: {last_line(exc)}"
             ) from exc
         del prepared  # the device holds its own copy of the graph now
         logits = requests.prefill.get_compiled_model().outputs[layout.logits_output_index]

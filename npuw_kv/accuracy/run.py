@@ -17,6 +17,7 @@ import numpy as np
 from ..config import EXACT_F32
 from ..pipeline import LLMPipeline
 from ..prompts import prompt_ids, stdlib_text
+from ..runtime.compile import last_line
 from . import metrics
 from .reference import (
     EXACT_REFERENCE,
@@ -264,7 +265,7 @@ def _peer(
             genai = GenaiReference(model_dir, result.device, **properties)
             tokens = genai.generate(ids, result.new_tokens)
     except Exception as exc:
-        reason = str(exc).strip().splitlines()[-1][:200]
+        reason = last_line(exc)[:200]
         result.error = f"{label} cannot run this model: {reason}"
         return
     _score_peer(result, logits, ref_tokens, ref_logits, tokens)
@@ -290,7 +291,7 @@ def _torch_peer(
             raise reference
         result.ppl, logits = reference.run(ids, ref_tokens)
     except Exception as exc:
-        result.error = f"torch reference: {str(exc).strip().splitlines()[-1][:200]}"
+        result.error = f"torch reference: {last_line(exc)[:200]}"
         return result
     _score_peer(result, logits, ref_tokens, ref_logits)
     return result

@@ -89,6 +89,12 @@ class CompileError(ValueError):
     """The device refused the model, or the properties passed to ``compile_model``."""
 
 
+def last_line(exc: BaseException) -> str:
+    """The last line of an error message (OpenVINO's carry their C++ call stack before it)."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
 def compile_requests(
     core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
 ) -> Requests:
@@ -104,7 +110,7 @@ def compile_requests(
         except RuntimeError as exc:
             if props.get("NPUW_FOLD") != "YES":
                 raise
-            reason = str(exc).strip().splitlines()[-1]
+            reason = last_line(exc)
             if "NPUW_FOLD" in config.compile_properties:
                 raise RuntimeError(
                     f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
