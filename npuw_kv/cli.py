@@ -192,7 +192,7 @@ def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """``--quick`` fixes the prompt and the new tokens: an explicit length beside it is an error."""
     from .bench import QUICK_NEW_TOKENS, QUICK_PROMPT_LEN
 
-    if args.quick:
+    if args.quick:  # run_bench fills in the lengths left unset
         lengths = (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens))
         given = [option for option, value in lengths if value is not None]
         if given:
@@ -200,10 +200,6 @@ def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
                 f"--quick fixes the prompt at ~{QUICK_PROMPT_LEN} tokens and "
                 f"{QUICK_NEW_TOKENS} new tokens; drop --quick or {' / '.join(given)}"
             )
-    if args.prompt_len is None:
-        args.prompt_len = QUICK_PROMPT_LEN
-    if args.new_tokens is None:
-        args.new_tokens = QUICK_NEW_TOKENS
 
 
 def _int_list(text: str) -> list[int]:

@@ -72,7 +72,7 @@ class KVBinding:
             if sliced:
                 other = port.name if target != port.name else tail_input(port.name)
                 request.set_tensor(other, self._empty(port.name))
-            if mode == "roi" and (self.grow or (sliced and past_len == cache.capacity)):
+            if mode == "roi" and sliced:  # growing (prefill) or whole (generate), checked above
                 # for the prefill, the chunk's output view [start, start + C) lies in this same
                 # buffer, past the slice the mask sets: the request never reads what it writes
                 request.set_tensor(target, cache.view(port.name, *whole))
