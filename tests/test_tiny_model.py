@@ -118,3 +118,22 @@ def test_tiny_half_precision_kv_stays_close(tiny_dir, precision, bound):
     delta = float(np.abs(a.first_logits - b.first_logits).max())
     print(f"{precision} KV: max |dlogit| {delta:.2e}")
     assert 0 < delta < bound  # storage rounds (f32 compute here), but only slightly
+
+
+def test_tiny_bf16_kv_depends_on_the_chunk_no_more_than_f32(tiny_dir):
+    """A token attends to the KV as the cache stores it, its own chunk's included (rounded to
+    bf16 before attention), so changing the prefill chunk moves bf16-KV logits no more than it
+    moves f32-KV logits (where only the kernels' summation order changes, ~1e-6)."""
+    ids = (np.arange(50, dtype=np.int64) * 31 + 7) % 49000 + 100
+    kwargs = dict(max_prompt_len=64, min_response_len=40, **EXACT_F32)
+    moved = {}
+    for precision in ("f32", "bf16"):
+        first = []
+        for chunk in (8, 32):
+            pipe = LLMPipeline(
+                tiny_dir, "CPU", kv_precision=precision, prefill_chunk_size=chunk, **kwargs
+            )
+            first.append(pipe.generate(ids, max_new_tokens=1).first_logits)
+        moved[precision] = float(np.abs(first[0] - first[1]).max())
+    print(f"logits moved by the chunk size: {moved}")
+    assert moved["bf16"] <= max(moved["f32"], 1e-5)

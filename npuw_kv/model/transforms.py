@@ -246,7 +246,12 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
     """Store the KV cache as ``dtype`` (e.g. f16) while attention still computes in f32.
 
     Past inputs take the new type and are converted right after the Parameter; present
-    outputs are converted right before the Result.  Returns the number of ports changed.
+    outputs are converted right before the Result.  The new tokens' KV goes through the same
+    rounding before attention reads it, so a token attends to the values the cache holds, as
+    a stateful plugin cache does; unrounded, a token would see its own chunk more precisely
+    than the chunks before it, and the result would depend on the prefill chunk size.  (The
+    CPU plugin removes that round trip for f16 when the CPU has no f16 arithmetic, so there
+    f16 KV still moves with the chunk size, by ~1e-3.)  Returns the number of ports changed.
     """
     target = getattr(ov.Type, dtype)
     changed = 0
@@ -262,8 +267,13 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
         for consumer in consumers:
             consumer.replace_source_output(upcast.output(0))
         result = model.outputs[port.output_index].get_node()
-        down = ops.convert(result.input(0).get_source_output(), target)
+        fresh = result.input(0).get_source_output()
+        readers = [i for i in fresh.get_target_inputs() if i.get_node() is not result]
+        down = ops.convert(fresh, target)
         result.input(0).replace_source_output(down.output(0))
+        rounded = ops.convert(down.output(0), compute)
+        for reader in readers:
+            reader.replace_source_output(rounded.output(0))
         changed += 1
     model.validate_nodes_and_infer_types()
     return changed
