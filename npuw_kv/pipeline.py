@@ -24,7 +24,7 @@ from .runtime.compile import CompileError, compile_requests, last_line, resolve_
 from .runtime.engine import StaticRunner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .sampling import GenerationConfig, Sampler
-from .stopping import StopStrings
+from .stopping import StopStrings, TextSink
 
 # a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
 # openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
@@ -219,32 +219,24 @@ class LLMPipeline:
             )
         return ids
 
-    def _token_streamer(self, streamer: Streamer) -> Any:
-        """A token-level streamer (``write(token)``, ``end()``) for ``streamer``."""
+    def _token_streamer(self, streamer: Streamer) -> tuple[Any, TextSink | None]:
+        """A token-level streamer (``write(token)``, ``end()``) for ``streamer``, and for a
+        text callable the sink that feeds it."""
         if streamer is None or isinstance(streamer, openvino_genai.StreamerBase):
-            return streamer
+            return streamer, None
         if not callable(streamer):
             raise ValueError(
                 "streamer must be a callable taking text or an openvino_genai.StreamerBase, "
                 f"got {type(streamer).__name__}"
             )
-
-        def checked(text: str) -> Any:
-            status = streamer(text)
-            if status is None or isinstance(status, (bool, openvino_genai.StreamingStatus)):
-                return status
-            raise ValueError(
-                "a streamer must return None, a bool or an openvino_genai.StreamingStatus, "
-                f"got {status!r}"
-            )
-
-        return openvino_genai.TextStreamer(self.tokenizer, checked)
+        sink = TextSink(streamer)
+        return openvino_genai.TextStreamer(self.tokenizer, sink), sink
 
     def _generate_ids(
         self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer
     ) -> GenerationResult:
         sampler = Sampler(config, ids)
-        token_streamer = self._token_streamer(streamer)
+        token_streamer, sink = self._token_streamer(streamer)
         stops = StopStrings(self.tokenizer, config.stop_strings)
         eos = None if config.ignore_eos else config.eos_token_id
         start = time.perf_counter()
@@ -295,6 +287,8 @@ class LLMPipeline:
             finish = "cancelled"
         if token_streamer is not None and finish != "cancelled":
             token_streamer.end()  # flush held-back text; a cancelled run wants no more calls
+            if sink is not None and not halted:
+                sink.finish(text)  # a token's text before a stop string that starts inside it
         decode_s = time.perf_counter() - start - decode_start
         return GenerationResult(
             tokens[:kept], text, finish, int(ids.size), ttft, decode_s, first_logits

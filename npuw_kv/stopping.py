@@ -9,8 +9,10 @@ openvino-genai does by default (``include_stop_str_in_output`` off).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import openvino_genai
 
 
 class StopStrings:
@@ -37,3 +39,31 @@ class StopStrings:
         while kept and len(self.tokenizer.decode(tokens[:kept])) > end:
             kept -= 1
         return text[:end], kept
+
+
+class TextSink:
+    """A text streamer callable, checked, that remembers what it was sent.
+
+    Tokens reach it through genai's ``TextStreamer``, so a token cut by a stop string never
+    does; ``finish`` sends the part of it before the stop string, so the streamed text is
+    exactly the result's ``text``.
+    """
+
+    def __init__(self, callback: Callable[[str], Any]) -> None:
+        self.callback = callback
+        self.sent: list[str] = []
+
+    def __call__(self, text: str) -> Any:
+        status = self.callback(text)
+        self.sent.append(text)
+        if status is None or isinstance(status, (bool, openvino_genai.StreamingStatus)):
+            return status
+        raise ValueError(
+            "a streamer must return None, a bool or an openvino_genai.StreamingStatus, "
+            f"got {status!r}"
+        )
+
+    def finish(self, text: str) -> None:
+        done = "".join(self.sent)
+        if len(text) > len(done) and text.startswith(done):
+            self(text[len(done) :])

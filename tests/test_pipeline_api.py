@@ -202,6 +202,27 @@ def test_stop_strings_cut_text_tokens_and_stream_alike(pipe):
     assert stopped.finish_reason == "stop" and stopped.tokens == free.tokens[:5]
 
 
+def test_a_stop_string_starting_inside_a_token_streams_the_text_before_it(pipe):
+    """The text streamer gets the part of the cut token before the stop string, so what was
+    streamed is exactly ``text``; ``tokens`` keeps only the tokens wholly before it."""
+    prompt, settings = (
+        "The capital of France is",
+        {"ignore_eos": True, "apply_chat_template": False},
+    )
+    tokenizer = pipe.get_tokenizer()
+    free = pipe.generate(prompt, max_new_tokens=20, **settings)
+    pieces = [tokenizer.decode([t]) for t in free.tokens]
+    k = next(i for i, piece in enumerate(pieces) if i > 0 and len(piece.strip()) >= 4)
+    stop = pieces[k][-2:] + pieces[k + 1][:2]
+    assert stop not in "".join(pieces[:k]) + pieces[k][:-2]
+    streamed: list[str] = []
+    cut = pipe.generate(
+        prompt, max_new_tokens=20, stop_strings={stop}, streamer=streamed.append, **settings
+    )
+    assert cut.finish_reason == "stop" and cut.tokens == free.tokens[:k]
+    assert cut.text == "".join(pieces[:k]) + pieces[k][:-2] == "".join(streamed)
+
+
 def test_a_token_level_streamer_object_is_accepted(pipe, text_ids):
     class Collect(openvino_genai.StreamerBase):
         def __init__(self) -> None:
