@@ -18,7 +18,7 @@ from typing import Any
 
 from .config import PipelineConfig
 
-RUNTIMES = ("npuw-kv", "npuw-kv-npu", "genai-cpu", "genai-sdpa", "npuw-llm")
+RUNTIMES = ("npuw-kv", "npuw-kv-sdpa", "npuw-kv-npu", "genai-cpu", "genai-sdpa", "npuw-llm")
 QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
 
 
@@ -87,8 +87,11 @@ def _worker(
         # every timed run repeats the prompt: reusing its cached KV would time one chunk, so the
         # runs are cold, as genai-cpu's (prefix caching off); -p PREFIX_REUSE=YES overrides
         settings = dict(extra)
-        if all(PipelineConfig.setting_name(key) != "prefix_reuse" for key in settings):
+        named = {PipelineConfig.setting_name(key) for key in settings}
+        if "prefix_reuse" not in named:
             settings["prefix_reuse"] = False
+        if runtime == "npuw-kv-sdpa" and "attention_backend" not in named:
+            settings["attention_backend"] = "sdpa"  # the static-shape path on CPU
         pipe = LLMPipeline(
             model_dir,
             device,
@@ -182,7 +185,9 @@ def run_bench(args: argparse.Namespace) -> int:
             setattr(args, name, int(value))
         else:
             npuw_extra[key] = value
-    genai_extra = {k: v for k, v in npuw_extra.items() if k.isupper()}
+    # upper-case keys are OpenVINO / genai properties too, except our backend choice (genai
+    # reads ATTENTION_BACKEND as its own, with other values)
+    genai_extra = {k: v for k, v in npuw_extra.items() if k.isupper() and k != "ATTENTION_BACKEND"}
     if args.exact:  # genai's CPU default KV cache is u8; exact means f32 there too
         genai_extra["KV_CACHE_PRECISION"] = "f32"
     runtimes = _runtimes(args.runtimes, args.device)
@@ -238,7 +243,7 @@ def _runtimes(listed: str | None, device: str | None) -> list[str]:
     if listed is not None and device is not None:
         raise ValueError(
             "bench: give either --device or --runtimes, not both (in --runtimes, npuw-kv is the "
-            "CPU path and npuw-kv-npu the NPU path)"
+            "CPU path, npuw-kv-sdpa the static-shape path on CPU and npuw-kv-npu the NPU path)"
         )
     if listed is None:
         dev = (device or "CPU").upper()

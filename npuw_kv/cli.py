@@ -48,7 +48,15 @@ def _model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> Non
     parser.add_argument("--max-prompt-len", type=int, default=None, help="MAX_PROMPT_LEN (1024)")
     parser.add_argument("--min-response-len", type=int, default=None, help="MIN_RESPONSE_LEN (128)")
     parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (256)")
-    parser.add_argument("--kv-precision", choices=["auto", "f32", "f16", "bf16"], default=None)
+    parser.add_argument(
+        "--kv-precision", choices=["auto", "f32", "f16", "bf16", "u8"], default=None
+    )
+    parser.add_argument(
+        "--attention",
+        choices=["auto", "pa", "sdpa"],
+        default=None,
+        help="attention_backend: pa (CPU PagedAttention, the CPU default) or sdpa (static shapes)",
+    )
     parser.add_argument(
         "--exact",
         action="store_true",
@@ -71,6 +79,7 @@ def _pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         ("min_response_len", "min_response_len"),
         ("chunk", "prefill_chunk_size"),
         ("kv_precision", "kv_precision"),
+        ("attention", "attention_backend"),
     ):
         if getattr(args, name) is not None:
             kwargs[key] = getattr(args, name)
@@ -308,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--runtimes",
         default=None,
-        help="comma list of npuw-kv, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm "
+        help="comma list of npuw-kv, npuw-kv-sdpa, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm "
         "(default: npuw-kv for --device, and genai-cpu)",
     )
     bench.add_argument("--json", default=None, help="also write the results to this file")
@@ -322,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--modes",
         type=_str_list,
         default=["exact"],
-        help="exact, copy, static, f16-kv, bf16-kv (CPU), device-default",
+        help="exact, sdpa (CPU), copy, static, f16-kv, bf16-kv (CPU), device-default",
     )
     acc.add_argument("--chunks", type=_int_list, default=[256])
     acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")

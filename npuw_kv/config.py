@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 DEVICES = ("CPU", "NPU")
-KV_PRECISIONS = ("auto", "f32", "f16", "bf16")
+KV_PRECISIONS = ("auto", "f32", "f16", "bf16", "u8")
 KV_BINDINGS = ("roi", "copy")
+ATTENTION_BACKENDS = ("auto", "sdpa", "pa")
 GGUF_ZERO_POINTS = ("genai", "exact")
 
 # alias (upper case) -> field name
@@ -27,6 +28,7 @@ _ALIASES: dict[str, str] = {
     "KV_CACHE_PRECISION": "kv_precision",
     "KV_PRECISION": "kv_precision",
     "KV_BINDING": "kv_binding",
+    "ATTENTION_BACKEND": "attention_backend",
     "GGUF_ZERO_POINTS": "gguf_zero_points",
     "STATIC_MODELS": "static_models",
     "PREFIX_REUSE": "prefix_reuse",
@@ -80,7 +82,7 @@ def _normalize(name: str, value: Any) -> Any:
         name == "static_models" and value is not None  # None: chosen per device
     ):
         return _as_bool(name, value)
-    if name in ("kv_precision", "kv_binding", "gguf_zero_points"):
+    if name in ("kv_precision", "kv_binding", "gguf_zero_points", "attention_backend"):
         return str(value).lower()
     return value
 
@@ -103,6 +105,7 @@ class PipelineConfig:
     kv_precision: str = "auto"
     kv_binding: str = "roi"
     static_models: bool | None = None
+    attention_backend: str = "auto"  # "pa": PagedAttention (CPU); "sdpa": static-shape views
     prefix_reuse: bool = True  # a prompt that starts like the cached tokens runs only the rest
     npuw_devices: str = "CPU"
     num_threads: int = 0
@@ -141,6 +144,7 @@ class PipelineConfig:
             )
         if self.kv_binding not in KV_BINDINGS:
             raise ValueError(f"kv_binding (KV_BINDING) {self.kv_binding!r} not in {KV_BINDINGS}")
+        self._check_attention_backend()
         if self.gguf_zero_points not in GGUF_ZERO_POINTS:
             raise ValueError(
                 f"gguf_zero_points (GGUF_ZERO_POINTS) {self.gguf_zero_points!r} "
@@ -203,6 +207,49 @@ class PipelineConfig:
                 stacklevel=3,
             )
         return min(self.total_len, usable)
+
+    def _check_attention_backend(self) -> None:
+        backend = self.attention_backend
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend (ATTENTION_BACKEND) {backend!r} not in {ATTENTION_BACKENDS}"
+            )
+        if backend == "pa":
+            sdpa_only = {
+                "device NPU (NPUW runs static models)": self.device == "NPU",
+                "static_models=True": self.static_models is True,
+                "kv_binding='copy'": self.kv_binding == "copy",
+            }
+            clash = [what for what, bad in sdpa_only.items() if bad]
+            if clash:
+                raise ValueError(
+                    f"attention_backend (ATTENTION_BACKEND) 'pa' runs on CPU only, with one "
+                    f"dynamic model and no views to bind; not with {', '.join(clash)}: "
+                    "use attention_backend='sdpa'"
+                )
+        elif self.kv_precision == "u8" and not self.paged:
+            raise ValueError(
+                "kv_precision (KV_CACHE_PRECISION) 'u8' needs attention_backend "
+                "(ATTENTION_BACKEND) 'pa' on CPU (the device quantises the cache blocks there)"
+            )
+
+    @property
+    def paged(self) -> bool:
+        """True when attention runs as the CPU plugin's PagedAttention over a paged cache.
+
+        ``auto`` picks it on CPU (the least memory: u8 KV blocks and no attention buffers
+        sized by the chunk) unless a setting only the static-shape path honours is given: two
+        static models, copy binding, or a KV precision named explicitly (the plugin's paged
+        kernel stores KV as u8 or in its compute precision only).
+        """
+        if self.attention_backend != "auto":
+            return self.attention_backend == "pa"
+        return (
+            self.device == "CPU"
+            and self.static_models is not True
+            and self.kv_binding == "roi"
+            and self.kv_precision in ("auto", "u8")
+        )
 
     @property
     def use_static_models(self) -> bool:

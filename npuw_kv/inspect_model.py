@@ -9,7 +9,7 @@ import openvino as ov
 from .config import PipelineConfig
 from .model.source import resolve_model, trained_context
 from .model.variants import StaticShapes, prepare, read_ir
-from .runtime.compile import resolve_kv_precision
+from .runtime.compile import paged_kv_precision, resolve_kv_precision
 
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
@@ -21,6 +21,11 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.kv_capacity(context))
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
+    precision = (
+        (paged_kv_precision(cfg) or "the plugin's default (u8 on CPU)")
+        if cfg.paged
+        else layout.precision
+    )
     kv_slots = shapes.generate_past
     lines = [
         f"model            {model_dir}",
@@ -28,12 +33,22 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         f"layers           {layout.num_layers}",
         f"kv heads         {layout.num_kv_heads}",
         f"head_dim         {layout.head_dim}",
-        f"kv precision     {layout.precision}",
+        f"kv precision     {precision}",
         "attention window "
         + ", ".join("full" if w is None else str(w) for w in windows)
         + " (per layer: "
         + ", ".join("full" if w is None else str(w) for w in layout.window)
         + ")",
+    ]
+    if cfg.paged:
+        lines += [
+            f"device           {cfg.device} (attention_backend pa: one model, PagedAttention)",
+            f"prefill          chunks of {shapes.chunk} tokens, prompts up to "
+            f"{shapes.max_prompt_len}",
+            f"KV cache         {shapes.total_len} tokens in the device's blocks",
+        ]
+        return "\n".join(lines)
+    lines += [
         f"device           {cfg.device} "
         + ("(two static models)" if cfg.use_static_models else "(one model, both shapes)"),
         f"prefill          input_ids [1,{shapes.chunk}]  attention_mask [1,{shapes.max_prompt_len}]"

@@ -18,11 +18,19 @@ import openvino as ov
 import openvino_genai
 
 from .config import PipelineConfig
+from .model.paged import make_paged
 from .model.source import resolve_model, trained_context
 from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
-from .runtime.compile import CompileError, compile_requests, last_line, resolve_kv_precision
+from .runtime.compile import (
+    CompileError,
+    compile_paged,
+    compile_requests,
+    last_line,
+    resolve_kv_precision,
+)
 from .runtime.engine import StaticRunner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
+from .runtime.paged import PagedRunner
 from .sampling import GenerationConfig, Sampler
 from .stopping import StopStrings, TextSink
 
@@ -62,6 +70,10 @@ _STOPS = (
 )
 
 
+def _vocab(logits: ov.Output) -> int:
+    return int(logits.get_partial_shape()[-1].get_length())
+
+
 class LLMPipeline:
     """Static prefill/generate LLM pipeline on one shared KV cache.
 
@@ -86,37 +98,53 @@ class LLMPipeline:
             raise ModelLoadError(
                 f"cannot load the tokenizer IRs in {self.model_dir} ({last_line(exc)})"
             ) from exc
-        kv_precision = resolve_kv_precision(self.core, self.config)
-        prepared, layout = prepare(ir, kv_precision, self.config.full_prefill_logits)
-        del ir
-        self.layout = layout
         self.shapes = StaticShapes(
             self.config.prefill_chunk_size, self.config.max_prompt_len, kv_capacity
         )
         try:
-            requests = compile_requests(self.core, prepared, layout, self.config, self.shapes)
+            self.runner = self._runner(ir, kv_capacity)
         except RuntimeError as exc:
             raise CompileError(
                 f"{self.config.device} could not compile the model with these settings "
                 f"{self.config.compile_properties or '(defaults)'}: {last_line(exc)}"
             ) from exc
-        del prepared  # the device holds its own copy of the graph now
-        logits = requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
-        self.vocab_size = logits.get_partial_shape()[-1].get_length()
-        try:
-            self.runner = StaticRunner(
-                requests, layout, self.shapes, self.config.kv_binding, self.config.prefix_reuse
-            )
         except MemoryError as exc:
             raise ValueError(
                 f"cannot allocate a KV cache of {kv_capacity} tokens; lower "
                 "max_prompt_len (MAX_PROMPT_LEN) or min_response_len (MIN_RESPONSE_LEN)"
             ) from exc
+        del ir  # the device holds its own copy of the graph now
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         self._history: list[dict[str, str]] | None = None
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
+
+    def _runner(self, ir: ov.Model, kv_capacity: int) -> StaticRunner | PagedRunner:
+        """Rewrite ``ir`` for the chosen attention backend, compile it, bind the KV cache."""
+        config = self.config
+        if config.paged:
+            model = make_paged(ir, config.full_prefill_logits)
+            request = compile_paged(self.core, model, config)
+            del model
+            self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
+            return PagedRunner(
+                request,
+                kv_capacity,
+                config.max_prompt_len,
+                config.prefill_chunk_size,
+                config.prefix_reuse,
+            )
+        prepared, layout = prepare(
+            ir, resolve_kv_precision(self.core, config), config.full_prefill_logits
+        )
+        self.layout = layout
+        requests = compile_requests(self.core, prepared, layout, config, self.shapes)
+        del prepared
+        self.vocab_size = _vocab(
+            requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
+        )
+        return StaticRunner(requests, layout, self.shapes, config.kv_binding, config.prefix_reuse)
 
     # -- genai-shaped accessors -------------------------------------------------------------
     def get_tokenizer(self) -> openvino_genai.Tokenizer:
@@ -301,17 +329,4 @@ class LLMPipeline:
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request."""
-        runner = self.runner
-        return {
-            "kv_bytes_allocated": runner.cache.bytes_allocated,
-            "kv_capacity_tokens": runner.cache.capacity,
-            "kv_bytes_per_token": runner.cache.bytes_per_token(),
-            "kv_precision": runner.cache.precision,
-            "tokens_in_cache": runner.tokens_in_cache,
-            "reused_tokens": runner.reused_tokens,
-            "kv_binding": runner.kv_binding,
-            "shared_weights": runner.requests.shared_weights,
-            "host_bytes_copied": runner.copied.bytes,
-            "prefill_host_bytes_copied": runner.prefill_copied_bytes,
-            "switch_host_bytes_copied": runner.switch_copied_bytes,
-        }
+        return self.runner.stats()

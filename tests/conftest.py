@@ -111,4 +111,21 @@ def make_pipe(smol_dir: Path, device: str, **extra) -> LLMPipeline:
 
 @pytest.fixture(scope="session", params=["CPU", "NPU"])
 def smol_pipe(request, smol_dir: Path) -> LLMPipeline:
-    return make_pipe(smol_dir, request.param)
+    """The static-shape path (views into one shared buffer) on both devices."""
+    return make_pipe(smol_dir, request.param, attention_backend="sdpa")
+
+
+# label -> (device, settings): every way to run the model, exact f32
+BACKENDS = {
+    "CPU": ("CPU", {"attention_backend": "sdpa"}),
+    "NPU": ("NPU", {}),
+    "CPU/pa": ("CPU", {"attention_backend": "pa", "kv_precision": "f32"}),
+}
+
+
+@pytest.fixture(scope="session", params=list(BACKENDS))
+def any_pipe(request, smol_dir: Path) -> LLMPipeline:
+    device, extra = BACKENDS[request.param]
+    pipe = make_pipe(smol_dir, device, **extra)
+    pipe.label = request.param  # type: ignore[attr-defined]
+    return pipe

@@ -18,6 +18,12 @@ def test_inspect_prints_layout_and_shapes(capsys):
     assert "layers           30" in out and "kv heads         3" in out
     assert "trained context  8192 positions (GGUF llama.context_length)" in out
     assert "head_dim         64" in out and "attention window full" in out
+    assert "attention_backend pa" in out and "chunks of 128 tokens, prompts up to 384" in out
+    assert "KV cache         512 tokens" in out and "u8" in out  # 384 + 128, the plugin's blocks
+    assert (
+        main(["inspect", "--chunk", "128", "--max-prompt-len", "300", "--attention", "sdpa"]) == 0
+    )
+    out = capsys.readouterr().out
     assert "input_ids [1,128]  attention_mask [1,384]  past [1,3,256,64]" in out
     assert "attention_mask [1,512]" in out  # generate: 384 + 128
 

@@ -1,4 +1,6 @@
-"""A prompt that starts with tokens still in the KV cache runs only the rest (chat turns)."""
+"""A prompt that starts with tokens still in the KV cache runs only the rest (chat turns).
+
+The static-shape path's slot rules; the PagedAttention backend's reuse is in test_paged.py."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ def _fresh(pipe, ids, new_tokens):
 
 
 @pytest.mark.parametrize(
-    ("device", "extra"), [("CPU", {}), ("CPU", {"kv_binding": "copy"}), ("NPU", {})]
+    ("device", "extra"),
+    [("CPU", {"attention_backend": "sdpa"}), ("CPU", {"kv_binding": "copy"}), ("NPU", {})],
 )
 def test_continuation_gives_the_fresh_prefill_result(smol_dir, text_ids, device, extra):
     pipe = make_pipe(smol_dir, device, **extra)
@@ -49,7 +52,7 @@ def test_continuation_gives_the_fresh_prefill_result(smol_dir, text_ids, device,
 def test_no_continuation_past_the_prompt_part_of_the_cache(smol_dir, text_ids):
     """Token i keeps slot first_slot + i, so a prompt that would end beyond MAX_PROMPT_LEN
     there (though it fits from slot 0), or with no chunk to save, is run from scratch."""
-    pipe = make_pipe(smol_dir, "CPU")
+    pipe = make_pipe(smol_dir, "CPU", attention_backend="sdpa")
     ids = text_ids(MAX_PROMPT)
     _fresh(pipe, ids[:300], 1)  # token 0 at slot 212: 1024 - 212 slots left
     pipe.generate(ids[: MAX_PROMPT - 100], max_new_tokens=1)
@@ -75,7 +78,7 @@ def test_a_continuation_may_run_chunks_anywhere_in_the_cache(smol_dir, text_ids)
     give a fresh prefill's tokens."""
     ids = text_ids(600)
     for device in ("CPU", "NPU"):
-        pipe = make_pipe(smol_dir, device)
+        pipe = make_pipe(smol_dir, device, attention_backend="sdpa")
         _fresh(pipe, ids[:300], 1)  # token 0 at slot 212, whatever ran before
         reused = pipe.generate(ids, max_new_tokens=4, ignore_eos=True)  # ends at slot 812
         assert pipe.kv_stats()["reused_tokens"] == 300, device

@@ -78,10 +78,14 @@ def test_tiny_greedy_matches_genai(tiny_pipe, tiny_reference, length):
     assert len(set(result.tokens)) > 4  # a meaningful comparison, not a constant loop
 
 
-def test_tiny_layout(tiny_pipe):
-    layout = tiny_pipe.layout
+def test_tiny_layout(tiny_dir):
+    kwargs = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=40, **EXACT_F32)
+    sdpa = LLMPipeline(tiny_dir, "CPU", attention_backend="sdpa", **kwargs)
+    layout = sdpa.layout
     assert (layout.num_layers, layout.num_kv_heads, layout.head_dim) == (2, 2, 16)
-    assert tiny_pipe.kv_stats()["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    paged = LLMPipeline(tiny_dir, "CPU", attention_backend="pa", **kwargs)  # f32 KV blocks
+    for pipe in (sdpa, paged):
+        assert pipe.kv_stats()["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
 
 
 @pytest.mark.parametrize(
@@ -91,7 +95,8 @@ def test_tiny_layout(tiny_pipe):
         {"kv_binding": "copy"},
         {"static_models": True, "kv_binding": "copy"},
         {"static_models": True, "prefill_chunk_size": 64},  # one chunk: no prefill past at all
-        {"prefill_chunk_size": 64},  # the same on the shared model: its KV cache is not split
+        {"prefill_chunk_size": 64},  # one chunk, on the default (PagedAttention) backend
+        {"attention_backend": "sdpa"},  # CPU's static-shape path (the default is PagedAttention)
     ],
 )
 def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):
@@ -109,8 +114,8 @@ def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):
 @pytest.mark.parametrize(("precision", "bound"), [("f16", 0.05), ("bf16", 0.3)])
 def test_tiny_half_precision_kv_stays_close(tiny_dir, precision, bound):
     kwargs = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=40, **EXACT_F32)
-    f32 = LLMPipeline(tiny_dir, "CPU", **kwargs)
-    f16 = LLMPipeline(tiny_dir, "CPU", kv_precision=precision, **kwargs)
+    f32 = LLMPipeline(tiny_dir, "CPU", attention_backend="sdpa", **kwargs)
+    f16 = LLMPipeline(tiny_dir, "CPU", kv_precision=precision, **kwargs)  # sdpa: precision named
     ids = (np.arange(50, dtype=np.int64) * 31 + 7) % 49000 + 100
     a = f32.generate(ids, max_new_tokens=8, ignore_eos=True)
     b = f16.generate(ids, max_new_tokens=8, ignore_eos=True)

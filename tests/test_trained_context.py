@@ -75,4 +75,7 @@ def test_inspect_applies_the_same_rules(short_model):
         describe(str(ir), **{**SHAPES, "max_prompt_len": 96})
     with pytest.warns(RuntimeWarning, match="trained context of 80"):
         text = describe(str(ir), **SHAPES)
-    assert "attention_mask [1,95]" in text  # KV capped at the context plus the chunk's padding
+    assert "KV cache         95 tokens" in text  # capped at the context plus the chunk's padding
+    with pytest.warns(RuntimeWarning, match="trained context of 80"):
+        text = describe(str(ir), **SHAPES, attention_backend="sdpa")
+    assert "attention_mask [1,95]" in text

@@ -32,7 +32,10 @@ from .reference import (
 # The f32 hint also keeps NPUW's tensors between sub-graphs f32 (runtime/compile.py), so the NPU
 # path is held to the CPU bound.
 MODES: dict[str, dict[str, Any]] = {
-    "exact": {"kv_precision": "f32", **EXACT_F32},
+    # `auto` KV under the f32 hint is f32 KV, on CPU's default PagedAttention backend too
+    "exact": {**EXACT_F32},
+    # the static-shape path on CPU (the NPU path always is)
+    "sdpa": {"attention_backend": "sdpa", **EXACT_F32},
     "copy": {"kv_precision": "f32", "kv_binding": "copy", **EXACT_F32},
     "static": {"kv_precision": "f32", "static_models": True, **EXACT_F32},
     "f16-kv": {"kv_precision": "f16", **EXACT_F32},
@@ -41,6 +44,7 @@ MODES: dict[str, dict[str, Any]] = {
 }
 TOLERANCE: dict[str, dict[str, float]] = {
     "exact": {"CPU": 1e-3, "NPU": 1e-3},
+    "sdpa": {"CPU": 1e-3},
     "copy": {"CPU": 1e-3, "NPU": 1e-3},
     "static": {"CPU": 1e-3, "NPU": 1e-3},
     "f16-kv": {"CPU": 0.1, "NPU": 0.1},
@@ -50,7 +54,8 @@ TOLERANCE: dict[str, dict[str, float]] = {
 }
 # (mode, device) pairs that do not exist, reported as such instead of run
 NOT_ON_DEVICE = {
-    ("bf16-kv", "NPU"): "n/a: NPUW has no bf16 tensors (f16-kv is the NPU's 16-bit KV)"
+    ("bf16-kv", "NPU"): "n/a: NPUW has no bf16 tensors (f16-kv is the NPU's 16-bit KV)",
+    ("sdpa", "NPU"): "n/a: the NPU path is always the static-shape one (see exact)",
 }
 # device-default computes in the device's own precision (bf16 and int8 dynamic quantization on
 # this CPU), so it cannot follow the f32 path token for token.  It is held instead to the

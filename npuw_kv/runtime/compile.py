@@ -129,3 +129,24 @@ def compile_requests(
         return Requests(prefill, generate, False, props)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
+
+
+def paged_kv_precision(config: PipelineConfig) -> str | None:
+    """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
+
+    ``auto`` leaves the plugin's default (u8 blocks on CPU, as openvino-genai runs), except
+    under an explicit f32 compute hint: asking for exact compute means exact KV too.
+    """
+    if config.kv_precision != "auto":
+        return config.kv_precision
+    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
+    return "f32" if hint is not None and _type_name(hint) in ("f32", "float32") else None
+
+
+def compile_paged(core: ov.Core, model: ov.Model, config: PipelineConfig) -> ov.InferRequest:
+    """Compile a PagedAttention model (CPU) with its KV precision."""
+    device, props = device_properties(core, config)
+    precision = paged_kv_precision(config)
+    if precision is not None:
+        props = {**props, "KV_CACHE_PRECISION": precision}
+    return core.compile_model(model, device, props).create_infer_request()

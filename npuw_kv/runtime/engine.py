@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -94,6 +95,22 @@ class StaticRunner:
     def remaining_capacity(self) -> int:
         """How many more tokens can be generated before the KV cache is full."""
         return self.shapes.total_len - self._next_slot
+
+    def stats(self) -> dict[str, Any]:
+        """KV memory and host-copy accounting of the last request (``kv_stats()``)."""
+        return {
+            "kv_bytes_allocated": self.cache.bytes_allocated,
+            "kv_capacity_tokens": self.cache.capacity,
+            "kv_bytes_per_token": self.cache.bytes_per_token(),
+            "kv_precision": self.cache.precision,
+            "tokens_in_cache": self.tokens_in_cache,
+            "reused_tokens": self.reused_tokens,
+            "kv_binding": self.kv_binding,
+            "shared_weights": self.requests.shared_weights,
+            "host_bytes_copied": self.copied.bytes,
+            "prefill_host_bytes_copied": self.prefill_copied_bytes,
+            "switch_host_bytes_copied": self.switch_copied_bytes,
+        }
 
     def _infer(
         self, request: ov.InferRequest, binding: KVBinding, inputs: StepInputs

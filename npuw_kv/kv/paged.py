@@ -1,0 +1,56 @@
+"""The KV cache of a PagedAttention model: one block-major tensor per layer for K and for V.
+
+Each tensor is ``[blocks, heads, block_size, dims]`` in the element type the device chose (u8
+rows carry their quantisation scales inside the block, so ``dims`` and the K block length may
+exceed head_dim and block_size).  The one sequence a pipeline runs owns blocks 0, 1, 2, ...
+in order, so a token's slot is simply its position in the cache and the block table is
+``arange``: prefill chunks and generate steps read and write the same tensors in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import openvino as ov
+
+
+@dataclass(frozen=True)
+class PagedSpec:
+    """One cache input as the device declared it: name, element type, per-block shape."""
+
+    name: str
+    element_type: ov.Type
+    block_shape: tuple[int, ...]  # [heads, rows, dims] of one block
+
+
+class PagedKVCache:
+    """Block-major K/V tensors holding ``capacity`` tokens in blocks of ``block_size``."""
+
+    def __init__(self, specs: list[PagedSpec], capacity: int, block_size: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
+        if block_size <= 0 or not specs:
+            raise ValueError(f"need cache inputs and a block size > 0 (got {block_size})")
+        self.capacity = capacity
+        self.block_size = block_size
+        self.num_blocks = -(-capacity // block_size)
+        types = {s.element_type.get_type_name() for s in specs}
+        if len(types) != 1:
+            raise ValueError(f"cache inputs of mixed element types {sorted(types)}")
+        self.precision = types.pop()
+        self.tensors = {
+            s.name: ov.Tensor(s.element_type, [self.num_blocks, *s.block_shape]) for s in specs
+        }
+
+    @property
+    def bytes_allocated(self) -> int:
+        return sum(t.byte_size for t in self.tensors.values())
+
+    def bytes_per_token(self) -> int:
+        return self.bytes_allocated // (self.num_blocks * self.block_size)
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that ``tokens`` cached tokens occupy."""
+        if not 0 <= tokens <= self.num_blocks * self.block_size:
+            raise IndexError(f"{tokens} tokens outside the cache's {self.capacity}")
+        return -(-tokens // self.block_size)

@@ -1,0 +1,151 @@
+"""Prefill chunks and generate steps of a PagedAttention model over one paged KV cache.
+
+The same infer request runs both phases: a chunk of the prompt or one generated token, the
+number of tokens already cached (``past_lens``) and the block table of the one sequence.  The
+device writes each token's KV into its slot of the cache tensors bound once at start, so
+nothing is copied, ever: not per chunk, not at the prefill -> generate switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from ..kv.paged import PagedKVCache, PagedSpec
+from ..model.paged import cache_inputs
+from .engine import CapacityError
+
+
+class PagedRunner:
+    kv_binding = "paged"
+
+    def __init__(
+        self,
+        request: ov.InferRequest,
+        capacity: int,
+        max_prompt_len: int,
+        chunk: int,
+        prefix_reuse: bool = False,
+    ) -> None:
+        self.request = request
+        self.max_prompt_len = max_prompt_len
+        self.chunk = chunk
+        self.prefix_reuse = prefix_reuse
+        ports = cache_inputs(request.get_compiled_model())
+        specs = [
+            PagedSpec(
+                p.get_any_name(),
+                p.get_element_type(),
+                tuple(d.get_length() for d in list(p.get_partial_shape())[1:]),
+            )
+            for p in ports
+        ]
+        # V blocks are [heads, block_size, dims]; u8 K blocks carry extra scale rows
+        block_size = next(s.block_shape[1] for s in specs if s.name.startswith("value_cache."))
+        self.cache = PagedKVCache(specs, capacity, block_size)
+        for name, tensor in self.cache.tensors.items():
+            request.set_tensor(name, tensor)
+        self._cached: list[int] = []  # token ids whose KV the cache holds, in slot order
+        self.reused_tokens = 0
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def tokens_in_cache(self) -> int:
+        return len(self._cached)
+
+    @property
+    def remaining_capacity(self) -> int:
+        """How many more tokens can be generated before the KV cache is full."""
+        return self.cache.capacity - len(self._cached)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "kv_bytes_allocated": self.cache.bytes_allocated,
+            "kv_capacity_tokens": self.cache.capacity,
+            "kv_bytes_per_token": self.cache.bytes_per_token(),
+            "kv_precision": self.cache.precision,
+            "tokens_in_cache": self.tokens_in_cache,
+            "reused_tokens": self.reused_tokens,
+            "kv_binding": self.kv_binding,
+            "shared_weights": True,  # one compiled model runs both phases
+            "host_bytes_copied": 0,
+            "prefill_host_bytes_copied": 0,
+            "switch_host_bytes_copied": 0,
+        }
+
+    # -- phases ------------------------------------------------------------------------------
+    def _infer(self, ids: np.ndarray, past: int) -> np.ndarray:
+        n, total = int(ids.size), past + int(ids.size)
+        blocks = self.cache.blocks_for(total)
+        self.request.infer(
+            {
+                "input_ids": ids,
+                "position_ids": np.arange(past, total, dtype=np.int64),
+                "past_lens": np.array([past], np.int32),
+                "subsequence_begins": np.array([0, n], np.int32),
+                "block_indices_begins": np.array([0, blocks], np.int32),
+                "block_indices": np.arange(blocks, dtype=np.int32),
+                "max_context_len": np.array(total, np.int32),
+            }
+        )
+        logits = self.request.get_tensor("logits").data
+        return logits.reshape(-1, logits.shape[-1])  # [1, vocab], or [n, vocab] (full logits)
+
+    def prefill(
+        self, ids: np.ndarray, on_chunk: Callable[[np.ndarray, np.ndarray], None] | None = None
+    ) -> np.ndarray:
+        """Run ``ids`` in chunks after the cached prefix it shares; return the last logits.
+
+        ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
+        """
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size > self.max_prompt_len:
+            raise CapacityError(
+                f"prompt has {ids.size} tokens but MAX_PROMPT_LEN is {self.max_prompt_len}; "
+                "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
+                f"to at least {ids.size}"
+            )
+        start = self._common_prefix(ids)
+        self._cached = self._cached[:start]
+        logits = np.empty((1, 0), np.float32)
+        for begin in range(start, ids.size, self.chunk):
+            part = ids[begin : begin + self.chunk]
+            try:
+                logits = self._infer(part, begin)
+            except Exception:
+                self._cached = []  # a failure part-way leaves the cache in no state to reuse
+                raise
+            self._cached.extend(part.tolist())
+            if on_chunk is not None:
+                positions = np.arange(begin, begin + part.size)[-logits.shape[0] :]
+                on_chunk(positions, logits)
+        self.reused_tokens = start
+        return logits[-1].copy()
+
+    def _common_prefix(self, ids: np.ndarray) -> int:
+        """Cached tokens this prompt keeps: the shared prefix, in whole blocks.
+
+        At least one token must run (for logits).  Whole blocks because a u8 block's scales
+        depend on which of its tokens were written together: rerunning from a block's start
+        writes it as a fresh run would, so reuse gives the same tokens as no reuse.
+        """
+        n = min(len(self._cached), ids.size - 1)
+        if not self.prefix_reuse or n <= 0:
+            return 0
+        differ = np.flatnonzero(np.asarray(self._cached[:n]) != ids[:n])
+        common = int(differ[0]) if differ.size else n
+        return common // self.cache.block_size * self.cache.block_size
+
+    def step(self, token: int) -> np.ndarray:
+        """Feed one token, write its KV into the next slot, return the next logits."""
+        if self.remaining_capacity <= 0:
+            raise CapacityError(
+                f"KV cache is full ({self.cache.capacity} slots); "
+                "raise min_response_len (MIN_RESPONSE_LEN)"
+            )
+        logits = self._infer(np.array([token], np.int64), len(self._cached))
+        self._cached.append(int(token))
+        return logits[-1].copy()

@@ -1,0 +1,93 @@
+"""The PagedAttention backend on CPU (``attention_backend="pa"``): one compiled model, the
+plugin's paged-attention kernel over a cache we allocate; its exact-f32 tokens are checked
+against openvino-genai with the other backends in test_smollm2_accuracy.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE
+
+from npuw_kv import LLMPipeline
+from npuw_kv.config import PipelineConfig
+from npuw_kv.runtime.engine import CapacityError
+
+SHAPES = dict(prefill_chunk_size=CHUNK, max_prompt_len=MAX_PROMPT, min_response_len=MIN_RESPONSE)
+
+
+@pytest.fixture(scope="module")
+def pa_pipe(smol_dir) -> LLMPipeline:
+    """At the device's defaults: u8 KV blocks, as openvino-genai's CPU pipeline runs."""
+    return LLMPipeline(smol_dir, "CPU", **SHAPES)
+
+
+def test_one_cache_bound_once_and_nothing_copied(pa_pipe, text_ids):
+    result = pa_pipe.generate(text_ids(300), max_new_tokens=8, ignore_eos=True)
+    runner, stats = pa_pipe.runner, pa_pipe.kv_stats()
+    for name, tensor in runner.cache.tensors.items():  # the request reads our tensors in place
+        bound = runner.request.get_tensor(name)
+        assert np.shares_memory(bound.data, tensor.data) and bound.shape == tensor.shape
+    assert stats["kv_binding"] == "paged" and stats["shared_weights"]
+    assert stats["host_bytes_copied"] == 0 and stats["switch_host_bytes_copied"] == 0
+    assert stats["tokens_in_cache"] == 300 + len(result.tokens) - 1  # the last token is not fed
+    # u8 blocks with their scales: fewer bytes per token than bf16 K and V (2 bytes x 2 x 3 x 64
+    # x 30 layers = 23040)
+    assert stats["kv_precision"] == "u8" and stats["kv_bytes_per_token"] < 23040
+
+
+def test_prefix_reuse_gives_what_a_fresh_run_gives(pa_pipe, smol_dir, text_ids):
+    """Reuse keeps whole blocks: a u8 block's scales depend on which tokens were written
+    together, so rerunning from a block start reproduces a fresh run bit for bit."""
+    ids = text_ids(500)
+    first = pa_pipe.generate(ids, max_new_tokens=6, ignore_eos=True)
+    follow_up = np.concatenate([ids, first.tokens[:3], text_ids(40)[:20]])
+    reused = pa_pipe.generate(follow_up, max_new_tokens=6, ignore_eos=True)
+    block = pa_pipe.runner.cache.block_size
+    kept = pa_pipe.kv_stats()["reused_tokens"]
+    assert kept > 0 and kept % block == 0 and kept > len(ids) - block
+    fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **SHAPES)
+    alone = fresh.generate(follow_up, max_new_tokens=6, ignore_eos=True)
+    assert reused.tokens == alone.tokens
+    assert np.array_equal(reused.first_logits, alone.first_logits)
+
+
+def test_a_full_cache_ends_with_length_and_long_prompts_are_refused(smol_dir, text_ids):
+    pipe = LLMPipeline(
+        smol_dir,
+        "CPU",
+        attention_backend="pa",
+        max_prompt_len=64,
+        min_response_len=8,
+        prefill_chunk_size=32,
+    )
+    result = pipe.generate(text_ids(60), max_new_tokens=50, ignore_eos=True)
+    assert result.finish_reason == "length" and len(result.tokens) == 64 + 8 - 60 + 1
+    with pytest.raises(CapacityError, match="MAX_PROMPT_LEN is 64.*at least 65"):
+        pipe.generate(text_ids(65), max_new_tokens=2)
+    assert len(pipe.generate(text_ids(10), max_new_tokens=3, ignore_eos=True).tokens) == 3
+
+
+def test_full_prefill_logits_give_every_row(smol_dir, text_ids):
+    """Prompt perplexity (``npuw-kv accuracy``) needs the LM head on every prompt token."""
+    pipe = LLMPipeline(
+        smol_dir, "CPU", attention_backend="pa", full_prefill_logits=True, prefill_chunk_size=64
+    )
+    rows: list[np.ndarray] = []
+    last = pipe.runner.prefill(text_ids(150), on_chunk=lambda pos, lg: rows.append(pos))
+    assert np.array_equal(np.concatenate(rows), np.arange(150)) and last.shape == (49152,)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"device": "NPU", "attention_backend": "pa"}, "CPU only.*device NPU"),
+        ({"attention_backend": "pa", "static_models": True}, "static_models=True"),
+        ({"attention_backend": "pa", "kv_binding": "copy"}, "kv_binding='copy'"),
+        ({"attention_backend": "sdpa", "kv_precision": "u8"}, "'u8' needs attention_backend"),
+        ({"attention_backend": "flash"}, r"attention_backend \(ATTENTION_BACKEND\) 'flash'"),
+    ],
+)
+def test_settings_the_backend_cannot_honour_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig.from_kwargs(**settings)
+    assert PipelineConfig.from_kwargs(ATTENTION_BACKEND="PA").paged
