@@ -1,8 +1,9 @@
 """``LLMPipeline``: text in, text out, shaped like ``openvino_genai.LLMPipeline``.
 
 Tokenizing, detokenizing, streaming text and chat templates come from openvino-genai's
-``Tokenizer`` / ``TextStreamer``; this module adds the generation loop over
-:class:`~npuw_kv.runtime.engine.StaticRunner` and the stopping rules.
+``Tokenizer`` / ``TextStreamer``; this module adds the generation loop over a runner
+(:class:`~npuw_kv.runtime.paged.PagedRunner` or :class:`~npuw_kv.runtime.engine.StaticRunner`)
+and the stopping rules.
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ def _vocab(logits: ov.Output) -> int:
 
 
 class LLMPipeline:
-    """Static prefill/generate LLM pipeline on one shared KV cache.
+    """LLM pipeline on one KV cache that prefill and generate share in place.
+
+    On CPU attention runs as the plugin's PagedAttention over our paged cache by default; the
+    NPU path (and CPU with ``attention_backend="sdpa"``) runs static prefill/generate shapes
+    over one buffer per layer through ROI views.
 
     ``model``: an IR directory, a ``.gguf`` file, or None / "smollm2" for the shipped default.
     ``config``: :class:`~npuw_kv.config.PipelineConfig` fields or their NPUW names.
@@ -121,12 +126,11 @@ class LLMPipeline:
         release_free_heap()
 
     def _runner(self, ir: ov.Model, kv_capacity: int) -> StaticRunner | PagedRunner:
-        """Rewrite ``ir`` for the chosen attention backend, compile it, bind the KV cache."""
+        """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache."""
         config = self.config
         if config.paged:
             model = make_paged(ir, config.full_prefill_logits)
             request = compile_paged(self.core, model, config)
-            del model
             self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
             return PagedRunner(
                 request,
@@ -140,7 +144,6 @@ class LLMPipeline:
         )
         self.layout = layout
         requests = compile_requests(self.core, prepared, layout, config, self.shapes)
-        del prepared
         self.vocab_size = _vocab(
             requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
         )

@@ -5,7 +5,7 @@ load, first prefill chunk, prefill, decode), which is how the CPU memory gap to 
 was located (README, "Speed and memory").  Each runtime runs in its own process.
 
     python scripts/memory_stages.py                      # npuw-kv, genai-cpu, genai-sdpa
-    python scripts/memory_stages.py npuw-kv SNIPPETS_MODE=DISABLE   # one runtime, + properties
+    python scripts/memory_stages.py npuw-kv ATTENTION_BACKEND=sdpa  # one runtime, + settings
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _worker(runtime: str, properties: dict[str, str]) -> None:
     if runtime == "npuw-kv":
         from npuw_kv import LLMPipeline
 
-        pipe = LLMPipeline(model, "CPU", compile_properties=properties)
+        pipe = LLMPipeline(model, "CPU", **properties)  # settings or OpenVINO properties
         _stage("load")
         chunks: list[int] = []
 
@@ -59,7 +59,9 @@ def _worker(runtime: str, properties: dict[str, str]) -> None:
         return
     from npuw_kv.bench import genai_pipeline
 
-    genai = genai_pipeline(runtime, model, dict(properties), 1024, 128)
+    # our backend choice is not genai's (it reads ATTENTION_BACKEND itself, as PA / SDPA)
+    props = {k: v for k, v in properties.items() if k.upper() != "ATTENTION_BACKEND"}
+    genai = genai_pipeline(runtime, model, props, 1024, 128)
     _stage("load")
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.ignore_eos = NEW_TOKENS, True
