@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 import numpy as np
 import openvino as ov
@@ -34,6 +35,8 @@ from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .runtime.paged import PagedRunner
 from .sampling import GenerationConfig, Sampler
 from .stopping import StopStrings, TextSink
+
+T = TypeVar("T")
 
 # a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
 # openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
@@ -106,18 +109,7 @@ class LLMPipeline:
         self.shapes = StaticShapes(
             self.config.prefill_chunk_size, self.config.max_prompt_len, kv_capacity
         )
-        try:
-            self.runner = self._runner(ir, kv_capacity)
-        except RuntimeError as exc:
-            raise CompileError(
-                f"{self.config.device} could not compile the model with these settings "
-                f"{self.config.compile_properties or '(defaults)'}: {last_line(exc)}"
-            ) from exc
-        except MemoryError as exc:
-            raise ValueError(
-                f"cannot allocate a KV cache of {kv_capacity} tokens; lower "
-                "max_prompt_len (MAX_PROMPT_LEN) or min_response_len (MIN_RESPONSE_LEN)"
-            ) from exc
+        self.runner = self._runner(ir, kv_capacity)
         del ir  # the device holds its own copy of the graph now
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         self._history: list[dict[str, str]] | None = None
@@ -126,28 +118,74 @@ class LLMPipeline:
         release_free_heap()
 
     def _runner(self, ir: ov.Model, kv_capacity: int) -> StaticRunner | PagedRunner:
-        """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache."""
+        """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache.
+
+        ``auto`` falls back to the static-shape path, with a warning, when the CPU plugin
+        cannot compile PagedAttention with these settings (e.g. a CPU it has no kernel for).
+        """
         config = self.config
         if config.paged:
-            model = make_paged(ir, config.full_prefill_logits)
-            request = compile_paged(self.core, model, config)
-            self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
-            return PagedRunner(
-                request,
-                kv_capacity,
-                config.max_prompt_len,
-                config.prefill_chunk_size,
-                config.prefix_reuse,
-            )
+            paged = make_paged(ir, config.full_prefill_logits)
+            try:
+                request = self._compile(lambda: compile_paged(self.core, paged, config))
+            except CompileError as exc:
+                if config.attention_backend != "auto":
+                    raise
+                warnings.warn(
+                    f"PagedAttention did not compile ({exc}); running the static-shape path "
+                    "(attention_backend='sdpa')",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                ir = read_ir(self.core, self.model_dir)  # the rewrite above was in place
+                self.config = config = replace(config, attention_backend="sdpa")
+            else:
+                self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
+                return self._allocate(
+                    kv_capacity,
+                    lambda: PagedRunner(
+                        request,
+                        kv_capacity,
+                        config.max_prompt_len,
+                        config.prefill_chunk_size,
+                        config.prefix_reuse,
+                    ),
+                )
         prepared, layout = prepare(
             ir, resolve_kv_precision(self.core, config), config.full_prefill_logits
         )
         self.layout = layout
-        requests = compile_requests(self.core, prepared, layout, config, self.shapes)
+        requests = self._compile(
+            lambda: compile_requests(self.core, prepared, layout, config, self.shapes)
+        )
         self.vocab_size = _vocab(
             requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
         )
-        return StaticRunner(requests, layout, self.shapes, config.kv_binding, config.prefix_reuse)
+        return self._allocate(
+            kv_capacity,
+            lambda: StaticRunner(
+                requests, layout, self.shapes, config.kv_binding, config.prefix_reuse
+            ),
+        )
+
+    def _compile(self, compile_: Callable[[], T]) -> T:
+        try:
+            return compile_()
+        except RuntimeError as exc:
+            raise CompileError(
+                f"{self.config.device} could not compile the model with these settings "
+                f"{self.config.compile_properties or '(defaults)'}: {last_line(exc)}"
+            ) from exc
+
+    @staticmethod
+    def _allocate(kv_capacity: int, build: Callable[[], T]) -> T:
+        try:
+            return build()
+        except MemoryError as exc:
+            raise ValueError(
+                f"cannot allocate a KV cache of {kv_capacity} tokens; lower "
+                "max_prompt_len (MAX_PROMPT_LEN) or min_response_len (MIN_RESPONSE_LEN)"
+            ) from exc
 
     # -- genai-shaped accessors -------------------------------------------------------------
     def get_tokenizer(self) -> openvino_genai.Tokenizer:
@@ -314,11 +352,13 @@ class LLMPipeline:
                 break
             logits = self.runner.step(token)
         text, kept = stops.cut(tokens)
-        if not halted and stream(kept) == "cancelled":  # what the stop-string hold-back kept
-            finish = "cancelled"
+        if not halted:
+            halted = stream(kept)  # what the stop-string hold-back kept
+            if halted == "cancelled":
+                finish = "cancelled"
         if token_streamer is not None and finish != "cancelled":
             token_streamer.end()  # flush held-back text; a cancelled run wants no more calls
-            if sink is not None and not halted:
+            if sink is not None and not halted:  # a streamer that said stop gets no more
                 sink.finish(text)  # a token's text before a stop string that starts inside it
         decode_s = time.perf_counter() - start - decode_start
         return GenerationResult(

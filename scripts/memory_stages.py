@@ -59,8 +59,10 @@ def _worker(runtime: str, properties: dict[str, str]) -> None:
         return
     from npuw_kv.bench import genai_pipeline
 
-    # our backend choice is not genai's (it reads ATTENTION_BACKEND itself, as PA / SDPA)
-    props = {k: v for k, v in properties.items() if k.upper() != "ATTENTION_BACKEND"}
+    # only OpenVINO properties: our settings are not genai's (ATTENTION_BACKEND is, as PA/SDPA)
+    from npuw_kv.config import PipelineConfig
+
+    props = {k: v for k, v in properties.items() if PipelineConfig.setting_name(k) is None}
     genai = genai_pipeline(runtime, model, props, 1024, 128)
     _stage("load")
     config = openvino_genai.GenerationConfig()

@@ -9,7 +9,8 @@ import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE
 
 from npuw_kv import LLMPipeline
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config import EXACT_F32, PipelineConfig
+from npuw_kv.runtime.compile import CompileError
 from npuw_kv.runtime.engine import CapacityError
 
 SHAPES = dict(prefill_chunk_size=CHUNK, max_prompt_len=MAX_PROMPT, min_response_len=MIN_RESPONSE)
@@ -37,7 +38,8 @@ def test_one_cache_bound_once_and_nothing_copied(pa_pipe, text_ids):
 
 def test_prefix_reuse_gives_what_a_fresh_run_gives(pa_pipe, smol_dir, text_ids):
     """Reuse keeps whole blocks: a u8 block's scales depend on which tokens were written
-    together, so rerunning from a block start reproduces a fresh run bit for bit."""
+    together, so rerunning the partial block from its start reproduces a fresh run bit for bit
+    when the kept blocks were prefilled (here: the first prompt's)."""
     ids = text_ids(500)
     first = pa_pipe.generate(ids, max_new_tokens=6, ignore_eos=True)
     follow_up = np.concatenate([ids, first.tokens[:3], text_ids(40)[:20]])
@@ -91,3 +93,9 @@ def test_settings_the_backend_cannot_honour_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):
         PipelineConfig.from_kwargs(**settings)
     assert PipelineConfig.from_kwargs(ATTENTION_BACKEND="PA").paged
+
+
+def test_a_kv_precision_the_paged_kernel_cannot_store_is_refused_by_name(smol_dir):
+    """Under f32 compute the paged kernel stores u8, f16 or f32 KV, not bf16."""
+    with pytest.raises(CompileError, match=r"KV_CACHE_PRECISION.*attention_backend='sdpa'"):
+        LLMPipeline(smol_dir, "CPU", attention_backend="pa", kv_precision="bf16", **EXACT_F32)

@@ -223,6 +223,27 @@ def test_a_stop_string_starting_inside_a_token_streams_the_text_before_it(pipe):
     assert cut.text == "".join(pieces[:k]) + pieces[k][:-2] == "".join(streamed)
 
 
+def test_a_streamer_that_stops_while_held_back_text_is_flushed_gets_no_more(pipe):
+    """With a stop string set, the newest tokens wait; a streamer that says STOP when they are
+    finally sent must not be handed the rest of the text after all."""
+    streamed: list[str] = []
+
+    def stop_at_once(text: str) -> openvino_genai.StreamingStatus:
+        streamed.append(text)
+        return openvino_genai.StreamingStatus.STOP
+
+    result = pipe.generate(
+        "Count: 1, 2, 3, 4, 5, 6,",
+        max_new_tokens=4,
+        ignore_eos=True,
+        apply_chat_template=False,
+        stop_strings={"a stop string longer than the answer"},  # holds back every token
+        streamer=stop_at_once,
+    )
+    assert len(result.tokens) == 4 and streamed
+    assert len("".join(streamed)) < len(result.text)
+
+
 def test_a_token_level_streamer_object_is_accepted(pipe, text_ids):
     class Collect(openvino_genai.StreamerBase):
         def __init__(self) -> None:

@@ -62,6 +62,21 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
     return config.device, props
 
 
+def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
+    """What the device computes K/V in: "bf16", "f16" or "f32" (the hint, if it can be met)."""
+    if config.device != "CPU":
+        return "f32"
+    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
+    if hint is None:
+        hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
+    precision = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}.get(
+        _type_name(hint), "f32"
+    )
+    # a hint the hardware cannot honour falls back to f32 compute
+    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return precision if precision.upper() in capabilities or precision == "f32" else "f32"
+
+
 def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
     """``auto``: store KV in the precision the device computes it in.
 
@@ -72,17 +87,7 @@ def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
     """
     if config.kv_precision != "auto":
         return config.kv_precision
-    if config.device != "CPU":
-        return "f32"
-    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
-    if hint is None:
-        hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
-    precision = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}.get(
-        _type_name(hint), "f32"
-    )
-    # a hint the hardware cannot honour falls back to f32 compute: then only f32 is lossless
-    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    return precision if precision.upper() in capabilities or precision == "f32" else "f32"
+    return compute_precision(core, config)
 
 
 class CompileError(ValueError):
@@ -140,13 +145,26 @@ def paged_kv_precision(config: PipelineConfig) -> str | None:
     if config.kv_precision != "auto":
         return config.kv_precision
     hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
-    return "f32" if hint is not None and _type_name(hint) in ("f32", "float32") else None
+    return "f32" if hint is not None and _type_name(hint) in ("f32", "fp32", "float32") else None
 
 
 def compile_paged(core: ov.Core, model: ov.Model, config: PipelineConfig) -> ov.InferRequest:
-    """Compile a PagedAttention model (CPU) with its KV precision."""
+    """Compile a PagedAttention model (CPU) with its KV precision.
+
+    The plugin's paged kernel stores KV as u8 or in the compute precision (f16 too under f32
+    compute); another pairing is refused here, naming the settings, rather than by the plugin.
+    """
     device, props = device_properties(core, config)
     precision = paged_kv_precision(config)
-    if precision is not None:
+    if precision not in (None, "u8"):
+        compute = compute_precision(core, config)
+        allowed = {"u8", compute} | ({"f16"} if compute == "f32" else set())
+        if precision not in allowed:
+            raise CompileError(
+                f"kv_precision (KV_CACHE_PRECISION) {precision!r} cannot go with {compute} "
+                f"compute (INFERENCE_PRECISION_HINT) on attention_backend (ATTENTION_BACKEND) "
+                f"'pa', which stores KV as one of {sorted(allowed)}; use attention_backend="
+                "'sdpa' for any KV precision"
+            )
         props = {**props, "KV_CACHE_PRECISION": precision}
     return core.compile_model(model, device, props).create_infer_request()

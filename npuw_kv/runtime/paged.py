@@ -102,6 +102,8 @@ class PagedRunner:
         ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("prompt is empty: at least one token is needed")
         if ids.size > self.max_prompt_len:
             raise CapacityError(
                 f"prompt has {ids.size} tokens but MAX_PROMPT_LEN is {self.max_prompt_len}; "
@@ -129,8 +131,10 @@ class PagedRunner:
         """Cached tokens this prompt keeps: the shared prefix, in whole blocks.
 
         At least one token must run (for logits).  Whole blocks because a u8 block's scales
-        depend on which of its tokens were written together: rerunning from a block's start
-        writes it as a fresh run would, so reuse gives the same tokens as no reuse.
+        depend on which of its tokens were written together: rerunning the partial block from
+        its start writes it as a fresh run would.  Kept blocks that a fresh run would write
+        differently (generated tokens, written one by one) stay as they are, so after a chat
+        turn a u8 continuation is close to a fresh prefill, not bit-equal; f32 KV is exact.
         """
         n = min(len(self._cached), ids.size - 1)
         if not self.prefix_reuse or n <= 0:
