@@ -10,12 +10,11 @@ buffers.  One compiled model serves prefill chunks and generate steps over the s
 
 from __future__ import annotations
 
-import numpy as np
 import openvino as ov
-import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from .layout import ModelLayoutError
+from .transforms import lm_head_on_last
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
 
@@ -46,18 +45,4 @@ def _logits_for_last_token(model: ov.Model) -> None:
     logits = [o for o in model.outputs if "logits" in o.get_names()]
     if not logits:
         raise ModelLayoutError("the model has no 'logits' output")
-    head = logits[0].get_node().input(0).get_source_output().get_node()
-    while head.get_type_name() == "Convert":
-        head = head.input(0).get_source_output().get_node()
-    if head.get_type_name() != "MatMul":
-        raise ModelLayoutError(f"logits are not produced by a MatMul (got {head.get_type_name()})")
-    hidden = head.input(0).get_source_output()
-    last = ops.slice(
-        hidden,
-        ops.constant(np.array([-1], np.int64)),
-        ops.constant(np.array([np.iinfo(np.int64).max], np.int64)),
-        ops.constant(np.array([1], np.int64)),
-        ops.constant(np.array([0], np.int64)),
-    )
-    head.input(0).replace_source_output(last.output(0))
-    model.validate_nodes_and_infer_types()
+    lm_head_on_last(model, logits[0].get_node(), axis=0)

@@ -97,8 +97,12 @@ def logits_for_last_position(model: ov.Model, layout: KVLayout) -> None:
     The runtime lays chunks out so the prompt's last token is always the last row of the last
     chunk; a [C, vocab] logits tensor would cost C times the LM-head work for nothing.
     """
-    result = model.outputs[layout.logits_output_index].get_node()
-    head = result.input(0).get_source_output().get_node()
+    lm_head_on_last(model, model.outputs[layout.logits_output_index].get_node(), axis=1)
+
+
+def lm_head_on_last(model: ov.Model, logits: ov.Node, axis: int) -> None:
+    """Feed the MatMul behind the ``logits`` Result only the last row along ``axis``."""
+    head = logits.input(0).get_source_output().get_node()
     while head.get_type_name() == "Convert":
         head = head.input(0).get_source_output().get_node()
     if head.get_type_name() != "MatMul":
@@ -109,7 +113,7 @@ def logits_for_last_position(model: ov.Model, layout: KVLayout) -> None:
         ops.constant(np.array([-1], np.int64)),
         ops.constant(np.array([np.iinfo(np.int64).max], np.int64)),
         ops.constant(np.array([1], np.int64)),
-        ops.constant(np.array([1], np.int64)),
+        ops.constant(np.array([axis], np.int64)),
     )
     head.input(0).replace_source_output(last.output(0))
     model.validate_nodes_and_infer_types()
