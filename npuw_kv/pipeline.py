@@ -372,4 +372,17 @@ class LLMPipeline:
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request."""
-        return self.runner.stats()
+        runner = self.runner
+        return {
+            "kv_bytes_allocated": runner.cache.bytes_allocated,
+            "kv_capacity_tokens": runner.cache.capacity,
+            "kv_bytes_per_token": runner.cache.bytes_per_token(),
+            "kv_precision": runner.cache.precision,
+            "tokens_in_cache": runner.tokens_in_cache,
+            "reused_tokens": runner.reused_tokens,
+            "kv_binding": runner.kv_binding,
+            "shared_weights": runner.shared_weights,
+            "host_bytes_copied": runner.host_bytes_copied,
+            "prefill_host_bytes_copied": runner.prefill_copied_bytes,
+            "switch_host_bytes_copied": runner.switch_copied_bytes,
+        }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -23,7 +22,29 @@ from .plan import PromptPlan, StepInputs, generate_inputs, prefill_inputs
 
 
 class CapacityError(ValueError):
-    """A prompt longer than the static prefill shape allows."""
+    """A prompt longer than MAX_PROMPT_LEN, or a step with the KV cache full."""
+
+    @classmethod
+    def prompt(cls, tokens: int, max_prompt_len: int) -> CapacityError:
+        return cls(
+            f"prompt has {tokens} tokens but MAX_PROMPT_LEN is {max_prompt_len}; "
+            "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
+            f"to at least {tokens}"
+        )
+
+    @classmethod
+    def cache_full(cls, slots: int) -> CapacityError:
+        return cls(f"KV cache is full ({slots} slots); raise min_response_len (MIN_RESPONSE_LEN)")
+
+
+def shared_prefix(cached: list[int], ids: np.ndarray) -> int:
+    """How many leading ``ids`` the cached tokens already hold, leaving at least one to run
+    (the last prompt token's logits are needed)."""
+    n = min(len(cached), ids.size - 1)
+    if n <= 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(cached[:n]) != ids[:n])
+    return int(differ[0]) if differ.size else n
 
 
 class StaticRunner:
@@ -96,21 +117,13 @@ class StaticRunner:
         """How many more tokens can be generated before the KV cache is full."""
         return self.shapes.total_len - self._next_slot
 
-    def stats(self) -> dict[str, Any]:
-        """KV memory and host-copy accounting of the last request (``kv_stats()``)."""
-        return {
-            "kv_bytes_allocated": self.cache.bytes_allocated,
-            "kv_capacity_tokens": self.cache.capacity,
-            "kv_bytes_per_token": self.cache.bytes_per_token(),
-            "kv_precision": self.cache.precision,
-            "tokens_in_cache": self.tokens_in_cache,
-            "reused_tokens": self.reused_tokens,
-            "kv_binding": self.kv_binding,
-            "shared_weights": self.requests.shared_weights,
-            "host_bytes_copied": self.copied.bytes,
-            "prefill_host_bytes_copied": self.prefill_copied_bytes,
-            "switch_host_bytes_copied": self.switch_copied_bytes,
-        }
+    @property
+    def shared_weights(self) -> bool:
+        return self.requests.shared_weights
+
+    @property
+    def host_bytes_copied(self) -> int:
+        return self.copied.bytes
 
     def _infer(
         self, request: ov.InferRequest, binding: KVBinding, inputs: StepInputs
@@ -135,11 +148,7 @@ class StaticRunner:
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
         if ids.size > self.shapes.max_prompt_len:
-            raise CapacityError(
-                f"prompt has {ids.size} tokens but MAX_PROMPT_LEN is {self.shapes.max_prompt_len}; "
-                "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
-                f"to at least {ids.size}"
-            )
+            raise CapacityError.prompt(ids.size, self.shapes.max_prompt_len)
         plan = self._plan(ids)
         self._cached = []  # a failure part-way leaves the cache in no state to reuse
         self.copied.reset()
@@ -173,11 +182,7 @@ class StaticRunner:
         of the cache.
         """
         fresh = PromptPlan(int(ids.size), self.shapes.chunk)
-        n = min(len(self._cached), ids.size - 1)  # at least one token must run for logits
-        if not self.prefix_reuse or n == 0:
-            return fresh
-        differ = np.flatnonzero(np.asarray(self._cached[:n]) != ids[:n])
-        common = int(differ[0]) if differ.size else n
+        common = shared_prefix(self._cached, ids) if self.prefix_reuse else 0
         if common == 0:
             return fresh
         try:
@@ -191,10 +196,7 @@ class StaticRunner:
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
-            raise CapacityError(
-                f"KV cache is full ({self.shapes.total_len} slots); "
-                "raise min_response_len (MIN_RESPONSE_LEN)"
-            )
+            raise CapacityError.cache_full(self.shapes.total_len)
         inputs = generate_inputs(
             int(token),
             self._next_slot,

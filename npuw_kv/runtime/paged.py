@@ -9,18 +9,20 @@ nothing is copied, ever: not per chunk, not at the prefill -> generate switch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import openvino as ov
 
 from ..kv.paged import PagedKVCache, PagedSpec
 from ..model.paged import cache_inputs
-from .engine import CapacityError
+from .engine import CapacityError, shared_prefix
 
 
 class PagedRunner:
     kv_binding = "paged"
+    shared_weights = True  # one compiled model runs both phases
+    # the device writes every token's KV into the cache in place: the host never copies any
+    host_bytes_copied = prefill_copied_bytes = switch_copied_bytes = 0
 
     def __init__(
         self,
@@ -61,21 +63,6 @@ class PagedRunner:
         """How many more tokens can be generated before the KV cache is full."""
         return self.cache.capacity - len(self._cached)
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "kv_bytes_allocated": self.cache.bytes_allocated,
-            "kv_capacity_tokens": self.cache.capacity,
-            "kv_bytes_per_token": self.cache.bytes_per_token(),
-            "kv_precision": self.cache.precision,
-            "tokens_in_cache": self.tokens_in_cache,
-            "reused_tokens": self.reused_tokens,
-            "kv_binding": self.kv_binding,
-            "shared_weights": True,  # one compiled model runs both phases
-            "host_bytes_copied": 0,
-            "prefill_host_bytes_copied": 0,
-            "switch_host_bytes_copied": 0,
-        }
-
     # -- phases ------------------------------------------------------------------------------
     def _infer(self, ids: np.ndarray, past: int) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
@@ -105,11 +92,7 @@ class PagedRunner:
         if ids.size == 0:
             raise ValueError("prompt is empty: at least one token is needed")
         if ids.size > self.max_prompt_len:
-            raise CapacityError(
-                f"prompt has {ids.size} tokens but MAX_PROMPT_LEN is {self.max_prompt_len}; "
-                "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
-                f"to at least {ids.size}"
-            )
+            raise CapacityError.prompt(ids.size, self.max_prompt_len)
         start = self._common_prefix(ids)
         self._cached = self._cached[:start]
         logits = np.empty((1, 0), np.float32)
@@ -136,20 +119,15 @@ class PagedRunner:
         differently (generated tokens, written one by one) stay as they are, so after a chat
         turn a u8 continuation is close to a fresh prefill, not bit-equal; f32 KV is exact.
         """
-        n = min(len(self._cached), ids.size - 1)
-        if not self.prefix_reuse or n <= 0:
+        if not self.prefix_reuse:
             return 0
-        differ = np.flatnonzero(np.asarray(self._cached[:n]) != ids[:n])
-        common = int(differ[0]) if differ.size else n
-        return common // self.cache.block_size * self.cache.block_size
+        block = self.cache.block_size
+        return shared_prefix(self._cached, ids) // block * block
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
-            raise CapacityError(
-                f"KV cache is full ({self.cache.capacity} slots); "
-                "raise min_response_len (MIN_RESPONSE_LEN)"
-            )
+            raise CapacityError.cache_full(self.cache.capacity)
         logits = self._infer(np.array([token], np.int64), len(self._cached))
         self._cached.append(int(token))
         return logits[-1].copy()
