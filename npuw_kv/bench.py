@@ -26,6 +26,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def genai_properties(settings: dict[str, Any]) -> dict[str, Any]:
+    """What of our settings openvino-genai's pipelines are given: OpenVINO properties, and the
+    KV precision under the name genai reads too.  Our own settings are not genai's (it reads
+    ATTENTION_BACKEND itself, with other values)."""
+    return {
+        key: value
+        for key, value in settings.items()
+        if PipelineConfig.setting_name(key) is None or key.upper() == "KV_CACHE_PRECISION"
+    }
+
+
 def genai_pipeline(
     runtime: str, model_dir: Any, props: dict[str, Any], max_prompt: int, min_response: int
 ) -> Any:
@@ -185,9 +196,7 @@ def run_bench(args: argparse.Namespace) -> int:
             setattr(args, name, int(value))
         else:
             npuw_extra[key] = value
-    # upper-case keys are OpenVINO / genai properties too, except our backend choice (genai
-    # reads ATTENTION_BACKEND as its own, with other values)
-    genai_extra = {k: v for k, v in npuw_extra.items() if k.isupper() and k != "ATTENTION_BACKEND"}
+    genai_extra = genai_properties(npuw_extra)
     if args.exact:  # genai's CPU default KV cache is u8; exact means f32 there too
         genai_extra["KV_CACHE_PRECISION"] = "f32"
     runtimes = _runtimes(args.runtimes, args.device)

@@ -57,13 +57,9 @@ def _worker(runtime: str, properties: dict[str, str]) -> None:
             pipe.runner.step(5)
         _stage("decode")
         return
-    from npuw_kv.bench import genai_pipeline
+    from npuw_kv.bench import genai_pipeline, genai_properties
 
-    # only OpenVINO properties: our settings are not genai's (ATTENTION_BACKEND is, as PA/SDPA)
-    from npuw_kv.config import PipelineConfig
-
-    props = {k: v for k, v in properties.items() if PipelineConfig.setting_name(k) is None}
-    genai = genai_pipeline(runtime, model, props, 1024, 128)
+    genai = genai_pipeline(runtime, model, genai_properties(properties), 1024, 128)
     _stage("load")
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.ignore_eos = NEW_TOKENS, True
