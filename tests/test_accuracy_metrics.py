@@ -18,6 +18,12 @@ def test_first_divergence():
     assert metrics.first_divergence([9], [1]) == 0
 
 
+def test_top2_margin_is_the_lead_of_the_top_logit():
+    logits = np.array([[1.0, 3.0, 2.5], [4.0, 4.0, 0.0]])
+    assert metrics.top2_margin(logits) == pytest.approx([0.5, 0.0])  # a tie has no margin
+    assert metrics.top2_margin(logits[0]) == pytest.approx(0.5)
+
+
 def test_kl_is_zero_for_equal_and_shift_invariant():
     logits = np.array([[1.0, 2.0, 3.0], [0.5, 0.5, 0.0]])
     assert np.allclose(metrics.kl_divergence(logits, logits), 0)
@@ -60,6 +66,7 @@ def test_report_rows_show_failures_and_errors():
         64,
         matched=10,
         first_divergence=10,
+        ref_margin=0.0123,
         max_abs_dlogit=0.5,
         tolerance=0.1,
         passed=False,
@@ -67,6 +74,7 @@ def test_report_rows_show_failures_and_errors():
     err = Result(4096, "CPU", "nope", 256, 64, error="unknown mode 'nope'")
     text = table([ok, bad, err])
     assert "CPU/exact/C256/1024" in text and "64/64" in text and "5.00e-05" in text
-    assert "10/64" in text and " NO" in text and "ERROR: unknown mode 'nope'" in text
+    assert "10/64" in text and "1.2e-02" in text and " NO" in text
+    assert "ERROR: unknown mode 'nope'" in text
     md = markdown([ok, bad], "npuw-kv accuracy")
     assert md.count("\n|") == 4 and "`npuw-kv accuracy`" in md

@@ -12,6 +12,7 @@ _COLUMNS = (
     "config",
     "tokens",
     "1st div",
+    "ref margin",
     "max|dlogit|",
     "mean KL",
     "ppl",
@@ -28,12 +29,13 @@ def _row(r: Result) -> list[str]:
 
     if r.error:
         shown = r.error if r.error.startswith("n/a") else "ERROR: " + r.error
-        return [r.name, "-", "-", "-", "-", "-", "-", "-", "-", shown[:77]]
+        return [r.name] + ["-"] * (len(_COLUMNS) - 2) + [shown[:77]]
     recall = "-" if r.retrieval_found is None else ("yes" if r.retrieval_found else "no")
     return [
         r.name,
         f"{r.matched}/{r.new_tokens}",
         "-" if r.first_divergence is None else str(r.first_divergence),
+        num(r.ref_margin, ".1e"),
         num(r.max_abs_dlogit, ".2e"),
         num(r.mean_kl, ".2e"),
         num(r.ppl, ".3f"),
@@ -66,7 +68,9 @@ def markdown(results: list[Result], command: str) -> str:
     out.append(
         "\nReference: openvino-genai CPU pipeline (greedy tokens) and the stateful IR (logits), "
         "both exact f32 with f32 KV. Both sides are teacher-forced on the reference tokens; "
-        "`tokens` counts generated tokens equal before the first divergence; `recall` is the "
+        "`tokens` counts generated tokens equal before the first divergence; `ref margin` is the "
+        "reference's lead of its top token over the runner-up there (an error that size can "
+        "flip the token: a small margin marks a near-tie); `recall` is the "
         "long-context retrieval check; `tol` is the max |dlogit| allowed (`report` = not gated; "
         "`(peer)`: device-default, held to the ir-default peer's error on the same prompt, "
         "|dlogit| and mean KL, instead of to the f32 tokens)."
