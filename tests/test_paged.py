@@ -53,6 +53,64 @@ def test_prefix_reuse_gives_what_a_fresh_run_gives(pa_pipe, smol_dir, text_ids):
     assert np.array_equal(reused.first_logits, alone.first_logits)
 
 
+def test_any_earlier_prompt_is_reused_not_only_the_last(pa_pipe, smol_dir, text_ids):
+    """The block manager keeps every finished sequence's full blocks: after B, a prompt that
+    continues A still starts from A's blocks, and gives what a fresh run gives."""
+    a, b = text_ids(300), text_ids(700)[400:]
+    pa_pipe.generate(a, max_new_tokens=4, ignore_eos=True)
+    pa_pipe.generate(b, max_new_tokens=4, ignore_eos=True)
+    follow_up = np.concatenate([a, b[:40]])
+    reused = pa_pipe.generate(follow_up, max_new_tokens=6, ignore_eos=True)
+    block = pa_pipe.runner.cache.block_size
+    assert pa_pipe.kv_stats()["reused_tokens"] == len(a) // block * block
+    fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **SHAPES)
+    alone = fresh.generate(follow_up, max_new_tokens=6, ignore_eos=True)
+    assert reused.tokens == alone.tokens
+    assert np.array_equal(reused.first_logits, alone.first_logits)
+    assert fresh.kv_stats()["reused_tokens"] == 0 and fresh.runner.blocks.stats().hit_tokens == 0
+    pa_pipe.runner.blocks.check_invariants()
+
+
+def test_a_small_cache_evicts_old_prefixes_and_stays_right(smol_dir, text_ids):
+    """Seven blocks of 32 for 90-token prompts in turn: least recently used blocks make room,
+    every answer equals a fresh run's, and the manager's invariants hold throughout."""
+    shapes = dict(max_prompt_len=192, min_response_len=8, prefill_chunk_size=32)
+    pipe = LLMPipeline(smol_dir, "CPU", **shapes, **EXACT_F32)
+    fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **shapes, **EXACT_F32)
+    text = text_ids(400)
+    prompts = [text[:90], text[100:190], text[200:290], text[:95], text[100:150]]
+    reused = []
+    for ids in prompts:
+        got = pipe.generate(ids, max_new_tokens=4, ignore_eos=True)
+        want = fresh.generate(ids, max_new_tokens=4, ignore_eos=True)
+        assert got.tokens == want.tokens
+        assert np.abs(got.first_logits - want.first_logits).max() < 1e-4
+        pipe.runner.blocks.check_invariants()
+        reused.append(pipe.kv_stats()["reused_tokens"])
+    window = next(iter(pipe.runner.blocks.stats().windows.values()))
+    assert window.primary_total == pipe.runner.cache.num_blocks == 7
+    # three prompts leave six full blocks cached.  The fourth starts from the first one's two;
+    # its second new block evicts the least recently used, the second prompt's first block,
+    # which cuts that prompt's second block from the tree too (2 removed).  So the fifth, which
+    # starts like the second, runs cold
+    assert reused == [0, 0, 0, 64, 0] and window.counters.removed_blocks == 2
+
+
+def test_a_failure_mid_prompt_forgets_the_cache_and_the_next_prompt_runs_cold(smol_dir, text_ids):
+    pipe = LLMPipeline(smol_dir, "CPU", prefill_chunk_size=64, **EXACT_F32)
+    ids = text_ids(200)
+    pipe.generate(ids, max_new_tokens=2, ignore_eos=True)
+
+    def stop(positions: np.ndarray, logits: np.ndarray) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pipe.runner.prefill(text_ids(300), on_chunk=stop)  # its first block was half written
+    assert pipe.runner.tokens_in_cache == 0 and pipe.runner.blocks.stats().windows
+    again = pipe.generate(ids, max_new_tokens=2, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 0 and len(again.tokens) == 2
+
+
 def test_a_full_cache_ends_with_length_and_long_prompts_are_refused(smol_dir, text_ids):
     pipe = LLMPipeline(
         smol_dir,

@@ -1,21 +1,33 @@
 """Prefill chunks and generate steps of a PagedAttention model over one paged KV cache.
 
 The same infer request runs both phases: a chunk of the prompt or one generated token, the
-number of tokens already cached (``past_lens``) and the block table of the one sequence.  The
-device writes each token's KV into its slot of the cache tensors bound once at start, so
-nothing is copied, ever: not per chunk, not at the prefill -> generate switch.
+number of tokens already cached (``past_lens``) and the sequence's block table.  The device
+writes each token's KV into its block of the cache tensors bound once at start, so nothing is
+copied, ever: not per chunk, not at the prefill -> generate switch.
+
+Which block holds what is the block manager's (``kv/blocks``): every prompt is a sequence, and
+its full blocks stay cached in the manager's reuse tree after it ends, until the space is
+needed (priority, then least recently used).  So a prompt reuses the longest cached prefix of
+*any* earlier prompt or answer, not only the last one: a system prompt shared by many chats,
+or two documents asked about in turn.  Reuse is in whole blocks, because a u8 block's scales
+depend on which of its tokens were written together: a fresh run writes the partial block from
+its start.  Kept blocks that a fresh run would write differently (generated tokens, written one
+by one) stay as they are, so after a chat turn a u8 continuation is close to a fresh prefill,
+not bit-equal; f32 KV is exact.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import openvino as ov
 
+from ..kv.blocks import BlockManagerConfig, KVBlockManager, PoolKind, uniform_layers
 from ..kv.paged import PagedKVCache, PagedSpec
 from ..model.paged import cache_inputs
-from .engine import CapacityError, shared_prefix
+from .engine import CapacityError
 
 
 class PagedRunner:
@@ -46,27 +58,60 @@ class PagedRunner:
             for p in ports
         ]
         # V blocks are [heads, block_size, dims]; u8 K blocks carry extra scale rows
-        block_size = next(s.block_shape[1] for s in specs if s.name.startswith("value_cache."))
+        values = [s for s in specs if s.name.startswith("value_cache.")]
+        block_size = values[0].block_shape[1]
         self.cache = PagedKVCache(specs, capacity, block_size)
         for name, tensor in self.cache.tensors.items():
             request.set_tensor(name, tensor)
-        self._cached: list[int] = []  # token ids whose KV the cache holds, in slot order
+        heads, _, dims = values[0].block_shape
+        self._layers = uniform_layers([None] * len(values), heads, dims)
+        self.blocks = self._new_manager()
+        self._window = next(iter(self.blocks.windows))
+        self._seq = 0  # id of the live sequence; 0: none yet
         self.reused_tokens = 0
+
+    def _new_manager(self) -> KVBlockManager:
+        """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
+        size = self.cache.block_size
+        per_block = sum(2 * s.num_kv_heads * s.head_dim for s in self._layers) * size
+        config = BlockManagerConfig(
+            layers=self._layers,
+            max_seq_len=self.cache.capacity,
+            kv_budget_bytes=self.cache.num_blocks * per_block,
+            tokens_per_block=self.cache.block_size,
+            dtype="uint8",  # counts slots only: the manager holds no bytes
+            # blocks are stored even while ``prefix_reuse`` is off, so turning it on finds them
+            enable_reuse=True,
+            max_tokens=self.cache.num_blocks * size,
+            max_tokens_per_call=self.chunk,
+        )
+        return KVBlockManager(config, env={}, copy_slots=self._copy_block)
+
+    def _copy_block(
+        self, window: int, src_pool: PoolKind, src: int, dst_pool: PoolKind, dst: int
+    ) -> None:
+        """The manager moves a block's bytes (there is no host pool: both are device slots)."""
+        if PoolKind.HOST in (src_pool, dst_pool):
+            raise RuntimeError("the paged KV cache has no host pool")
+        for tensor in self.cache.tensors.values():
+            tensor.data[dst] = tensor.data[src]
 
     # -- state -------------------------------------------------------------------------------
     @property
     def tokens_in_cache(self) -> int:
-        return len(self._cached)
+        """Tokens of the current sequence (prompt and fed answer) whose KV the cache holds."""
+        return self.blocks.num_tokens(self._seq) if self._seq in self.blocks.sequence_ids else 0
 
     @property
     def remaining_capacity(self) -> int:
         """How many more tokens can be generated before the KV cache is full."""
-        return self.cache.capacity - len(self._cached)
+        return self.cache.capacity - self.tokens_in_cache
 
     # -- phases ------------------------------------------------------------------------------
     def _infer(self, ids: np.ndarray, past: int) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
         blocks = self.cache.blocks_for(total)
+        table = self.blocks.block_table(self._seq, self._window)[:blocks]
         self.request.infer(
             {
                 "input_ids": ids,
@@ -74,7 +119,7 @@ class PagedRunner:
                 "past_lens": np.array([past], np.int32),
                 "subsequence_begins": np.array([0, n], np.int32),
                 "block_indices_begins": np.array([0, blocks], np.int32),
-                "block_indices": np.arange(blocks, dtype=np.int32),
+                "block_indices": np.array(table, np.int32),
                 "max_context_len": np.array(total, np.int32),
             }
         )
@@ -84,7 +129,7 @@ class PagedRunner:
     def prefill(
         self, ids: np.ndarray, on_chunk: Callable[[np.ndarray, np.ndarray], None] | None = None
     ) -> np.ndarray:
-        """Run ``ids`` in chunks after the cached prefix it shares; return the last logits.
+        """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
 
         ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
         """
@@ -93,41 +138,46 @@ class PagedRunner:
             raise ValueError("prompt is empty: at least one token is needed")
         if ids.size > self.max_prompt_len:
             raise CapacityError.prompt(ids.size, self.max_prompt_len)
-        start = self._common_prefix(ids)
-        self._cached = self._cached[:start]
+        if self._seq in self.blocks.sequence_ids:
+            self.blocks.remove_sequence(self._seq)  # its full blocks stay cached for reuse
+        self._seq += 1
+        prompt = ids.tolist()
+        # whole blocks, >= 1 token left to run
+        start = self.blocks.lookup(prompt).hit_tokens if self.prefix_reuse else 0
         logits = np.empty((1, 0), np.float32)
-        for begin in range(start, ids.size, self.chunk):
-            part = ids[begin : begin + self.chunk]
-            try:
+        with self._reset_on_error():
+            for begin in range(start, ids.size, self.chunk):
+                part = ids[begin : begin + self.chunk]
+                if begin == start:
+                    reused = self.blocks.add_sequence(
+                        self._seq, prompt[: begin + part.size], reuse=self.prefix_reuse
+                    )
+                    assert reused == start, (reused, start)
+                else:
+                    self.blocks.add_tokens(self._seq, part.tolist())
                 logits = self._infer(part, begin)
-            except Exception:
-                self._cached = []  # a failure part-way leaves the cache in no state to reuse
-                raise
-            self._cached.extend(part.tolist())
-            if on_chunk is not None:
-                positions = np.arange(begin, begin + part.size)[-logits.shape[0] :]
-                on_chunk(positions, logits)
+                if on_chunk is not None:
+                    positions = np.arange(begin, begin + part.size)[-logits.shape[0] :]
+                    on_chunk(positions, logits)
         self.reused_tokens = start
         return logits[-1].copy()
-
-    def _common_prefix(self, ids: np.ndarray) -> int:
-        """Cached tokens this prompt keeps: the shared prefix, in whole blocks.
-
-        At least one token must run (for logits).  Whole blocks because a u8 block's scales
-        depend on which of its tokens were written together: rerunning the partial block from
-        its start writes it as a fresh run would.  Kept blocks that a fresh run would write
-        differently (generated tokens, written one by one) stay as they are, so after a chat
-        turn a u8 continuation is close to a fresh prefill, not bit-equal; f32 KV is exact.
-        """
-        if not self.prefix_reuse:
-            return 0
-        block = self.cache.block_size
-        return shared_prefix(self._cached, ids) // block * block
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.cache.capacity)
-        logits = self._infer(np.array([token], np.int64), len(self._cached))
-        self._cached.append(int(token))
+        past = self.tokens_in_cache
+        with self._reset_on_error():
+            self.blocks.add_token(self._seq, int(token))
+            logits = self._infer(np.array([token], np.int64), past)
         return logits[-1].copy()
+
+    @contextmanager
+    def _reset_on_error(self) -> Iterator[None]:
+        """A failure part-way leaves blocks registered for reuse that the device never wrote:
+        forget every cached block (the next prompt runs cold)."""
+        try:
+            yield
+        except BaseException:
+            self.blocks = self._new_manager()
+            raise

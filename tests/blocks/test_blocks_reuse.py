@@ -22,6 +22,24 @@ def test_full_attention_stores_blocks_as_they_fill() -> None:
     assert hit.per_window[16] == 4 and hit.per_window[4] == 0 and hit.hit_tokens == 0
 
 
+def test_a_sequence_may_skip_reading_the_cache_and_still_stores_its_blocks() -> None:
+    mgr = build([None], [8], max_seq_len=16, tpb=2)
+    mgr.add_sequence("a", [1, 2, 3, 4, 5])
+    mgr.remove_sequence("a")
+    assert mgr.add_sequence("cold", [1, 2, 3, 4, 5, 6], reuse=False) == 0
+    full = mgr.windows[16]
+    # a's two blocks stay cached (cold's copies of them stay private) and cold's [5, 6] joins
+    assert full.tree is not None and full.tree.cached_blocks == 3
+    assert set(mgr.block_table("cold", 16)).isdisjoint(
+        n.block.slot for n in full.tree.walk([1, 2, 3, 4], 2) if n.block is not None
+    )
+    mgr.add_tokens("cold", [7])
+    mgr.remove_sequence("cold")
+    assert mgr.add_sequence("b", [1, 2, 3, 4, 5, 6, 7, 8]) == 6
+    assert mgr.stats().hit_tokens == 6
+    mgr.check_invariants()
+
+
 def test_swa_stores_at_remove_and_hits_are_whole_blocks() -> None:
     mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2)
     mgr.add_sequence("a", [1, 2, 3, 4, 5, 6, 7])

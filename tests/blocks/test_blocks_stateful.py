@@ -165,11 +165,12 @@ class BlockMachine(RuleBasedStateMachine):
             prio = np.int64(data.draw(st.integers(0, 100)))  # type: ignore[assignment]
         elif kind == "ranges":
             prio = [PriorityRange(0, 2 * self.tpb, 90), PriorityRange(2 * self.tpb, None, 20)]
-        expected = self.mgr.lookup(toks).hit_tokens
+        reuse = data.draw(st.integers(0, 7)) > 0  # now and then a cold run (reuse=False)
+        expected = self.mgr.lookup(toks).hit_tokens if reuse else 0
         before = snapshot(self.mgr)
         sid = self.next_id
         try:
-            hit = self.mgr.add_sequence(sid, toks, priority=prio)
+            hit = self.mgr.add_sequence(sid, toks, priority=prio, reuse=reuse)
         except GROW as exc:
             self._expect_unchanged(before, exc, expected, len(toks) - expected)
             return

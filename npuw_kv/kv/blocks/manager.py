@@ -26,6 +26,7 @@ Choices where issue 4 is silent:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -77,7 +78,12 @@ class KVBlockManager:
         *,
         env: Mapping[str, str] | None = None,
         max_events: int = 10_000,
+        copy_slots: Callable[[int, PoolKind, int, PoolKind, int], None] | None = None,
     ) -> None:
+        """``copy_slots(window, src_pool, src_slot, dst_pool, dst_slot)``: for a runtime that
+        keeps the blocks' bytes itself (e.g. a PagedAttention cache the device writes).  The
+        pools then allocate no numpy store, and the manager calls it wherever bytes move (an
+        SWA prefix hit copied into fresh blocks, offload, onboard)."""
         self.config = config
         self.groups: dict[int, WindowGroup] = {g.window: g for g in plan_windows(config, env)}
         self._events: deque[KVCacheEvent] = deque(maxlen=max_events)
@@ -89,6 +95,7 @@ class KVBlockManager:
                 default_priority=config.default_priority,
                 offload_min_priority=config.offload_min_priority,
                 sink=self._on_event,
+                copier=None if copy_slots is None else functools.partial(copy_slots, w),
             )
             for w, g in self.groups.items()
         }
@@ -114,8 +121,10 @@ class KVBlockManager:
 
     find_prefix = lookup
 
-    def _match(self, tokens: Sequence[int]) -> tuple[int, dict[int, WindowMatch]]:
-        max_blocks = max(0, (len(tokens) - 1) // self.tpb)
+    def _match(
+        self, tokens: Sequence[int], reuse: bool = True
+    ) -> tuple[int, dict[int, WindowMatch]]:
+        max_blocks = max(0, (len(tokens) - 1) // self.tpb) if reuse else 0
         matches = {w: wm.match(tokens, max_blocks) for w, wm in self.windows.items()}
         depth = min(len(m.valid) - 1 for m in matches.values())
         k = max(i for i in range(depth + 1) if all(m.valid[i] for m in matches.values()))
@@ -127,8 +136,14 @@ class KVBlockManager:
         seq_id: Hashable,
         tokens: Iterable[int],
         priority: SupportsIndex | Sequence[PriorityRange] | None = None,
+        *,
+        reuse: bool = True,
     ) -> int:
-        """Start a sequence with its prompt; return the number of prompt tokens reused."""
+        """Start a sequence with its prompt; return the number of prompt tokens reused.
+
+        ``reuse=False`` computes the whole prompt (e.g. a timed cold run) even where the cache
+        holds a prefix; its full blocks are still stored for later sequences.
+        """
         if seq_id in self._seqs:
             raise SequenceExistsError(
                 f"sequence {seq_id!r} is already live; remove it first or use another id"
@@ -136,7 +151,7 @@ class KVBlockManager:
         ids = _as_tokens(tokens)
         self._check_length(seq_id, 0, len(ids))
         prio = PrioritySpec(priority, self.config.default_priority, self.tpb)
-        k, matches = self._match(ids)
+        k, matches = self._match(ids, reuse)
         hit = k * self.tpb
         if len(ids) - hit > self.max_call:
             raise ChunkTooLargeError(

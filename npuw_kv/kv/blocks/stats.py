@@ -57,6 +57,7 @@ class WindowStats:
     host_total: int
     host_free: int
     cached_blocks: int
+    #: bytes the manager's own stores hold (0 where a runtime keeps the bytes: ``copy_slots``)
     primary_bytes: int
     host_bytes: int
     counters: WindowCounters

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from .block import EMPTY_LEVEL, KVBlock, PoolKind
 from .config import WindowGroup
 from .eviction import PrioritySpec
-from .pool import BlockPool, copy_bytes, move_bytes
+from .pool import BlockPool, SlotCopier, copy_bytes, move_bytes, numpy_copier
 from .reuse_tree import ReuseTree, TreeNode
 from .sequence import (
     SeqBlocks,
@@ -69,15 +69,18 @@ class WindowManager:
         default_priority: int,
         offload_min_priority: int,
         sink: Callable[[KVCacheEvent], None],
+        copier: SlotCopier | None = None,
     ) -> None:
         self.group = group
         self.window = group.window
         self.tpb = group.tokens_per_block
         self.default_priority = default_priority
         self.offload_min_priority = offload_min_priority
-        self.primary = BlockPool(PoolKind.PRIMARY, group, group.primary_blocks)
-        self.host = BlockPool(PoolKind.HOST, group, group.host_blocks)
+        stores = copier is None
+        self.primary = BlockPool(PoolKind.PRIMARY, group, group.primary_blocks, stores)
+        self.host = BlockPool(PoolKind.HOST, group, group.host_blocks, stores)
         self.pools = {PoolKind.PRIMARY: self.primary, PoolKind.HOST: self.host}
+        self._copy = numpy_copier(self.pools) if copier is None else copier
         self.blocks: list[KVBlock] = []
         for pool in (self.primary, self.host):
             for slot in range(pool.num_slots):
@@ -162,7 +165,7 @@ class WindowManager:
         for j, b, action in plan:
             if action == "copy":
                 fresh = self._take_free_primary(serial, j)
-                copy_bytes(b, fresh, self.pools)
+                copy_bytes(b, fresh, self._copy)
                 fresh.ref_count = 1
                 fresh.priority = priorities.for_block(j)
                 seq.put(j, fresh)
@@ -170,7 +173,7 @@ class WindowManager:
                 continue
             if action == "onboard":
                 empty = self._take_free_primary(serial, j)
-                move_bytes(b, empty, self.pools)
+                move_bytes(b, empty, self._copy)
                 empty.last_owner = None  # holds no one's bytes now (it must not invalidate us)
                 empty.position = None
                 self.host.queue.push(empty, EMPTY_LEVEL)
@@ -267,7 +270,7 @@ class WindowManager:
             empty = self.host.queue.pop_victim()
             self._reset(empty)  # may cut the victim from the tree or invalidate its owner
             if self._worth_keeping(victim):
-                move_bytes(victim, empty, self.pools)
+                move_bytes(victim, empty, self._copy)
                 self.host.queue.push(victim, level)
                 self.counters.offloads += 1
                 self._emit_move("offloaded", victim)
