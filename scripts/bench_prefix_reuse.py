@@ -1,14 +1,21 @@
-"""TTFT of a chat turn whose start is still in the KV cache: reused vs from scratch.
+"""TTFT of prompts whose start is in the KV cache: reused vs from scratch.
 
-A 400-token prompt is answered (32 tokens), then a turn of that prompt, its answer and 60 new
-tokens is timed twice in the same pipeline: with ``prefix_reuse`` (only the rest runs) and
-without it (every chunk).  Best of 3 after a warm-up; both sides in one process, so compare
-the ratio.
+1. A chat turn: a 400-token prompt is answered (32 tokens), then that prompt, its answer and
+   60 new tokens are sent.
+2. Back to an earlier document: a question on document A (400 tokens), then one on document
+   B, then another on A.  On the PagedAttention path (the CPU default) the block manager still
+   holds A's blocks after B; the static-shape path keeps only the last prompt, so A runs cold.
 
-    python scripts/bench_prefix_reuse.py
+Each timed prompt runs twice in the same pipeline: with ``prefix_reuse`` (only the rest runs)
+and without it (every chunk).  Best of 3 after a warm-up; both sides in one process, so compare
+the ratios.
+
+    python scripts/bench_prefix_reuse.py [--attention pa|sdpa]
 """
 
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 
@@ -18,24 +25,56 @@ from npuw_kv.prompts import prompt_ids
 FIRST, NEW = 400, 60
 
 
+def timed(pipe: LLMPipeline, ids: np.ndarray, reuse: bool) -> tuple[float, int]:
+    pipe.runner.prefix_reuse = reuse
+    result = pipe.generate(ids, max_new_tokens=8, ignore_eos=True)
+    return result.ttft_s, pipe.kv_stats()["reused_tokens"]
+
+
+def record(
+    ttft: dict[tuple[str, bool], list[float]],
+    reused: dict[str, int],
+    name: str,
+    reuse: bool,
+    rep: int,
+    seconds: float,
+    kept: int,
+) -> None:
+    if reuse:
+        reused[name] = kept
+    if rep:  # the first round is the warm-up
+        ttft.setdefault((name, reuse), []).append(seconds)
+
+
 def main() -> None:
-    pipe = LLMPipeline(None, "CPU")
-    text = prompt_ids(pipe.tokenizer, FIRST + 100 + NEW)
-    ttft: dict[bool, list[float]] = {True: [], False: []}
-    reused = 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attention", default="auto", choices=["auto", "pa", "sdpa"])
+    args = parser.parse_args()
+    pipe = LLMPipeline(None, "CPU", attention_backend=args.attention)
+    text = prompt_ids(pipe.tokenizer, 2 * FIRST + 100 + NEW)
+    question = text[-NEW:]
+    doc_a, doc_b = text[:FIRST], text[FIRST : 2 * FIRST]
+    ttft: dict[tuple[str, bool], list[float]] = {}
+    reused: dict[str, int] = {}
     for rep in range(4):
         for reuse in (True, False):
-            pipe.runner.prefix_reuse = False  # the first prompt always runs cold
-            first = pipe.generate(text[:FIRST], max_new_tokens=32, ignore_eos=True)
-            turn = np.array([*text[:FIRST], *first.tokens[:-1], *text[FIRST + 100 :]], np.int64)
-            pipe.runner.prefix_reuse = reuse
-            result = pipe.generate(turn, max_new_tokens=8, ignore_eos=True)
-            if reuse:
-                reused = pipe.kv_stats()["reused_tokens"]
-            if rep:
-                ttft[reuse].append(result.ttft_s)
-    print(f"turn of {turn.size} tokens, {reused} of them reused from the cache")
-    print(f"TTFT reused {min(ttft[True]):.3f} s, from scratch {min(ttft[False]):.3f} s")
+            # 1. document A answered (cold), then the chat turn on it
+            pipe.runner.prefix_reuse = False
+            first = pipe.generate(doc_a, max_new_tokens=32, ignore_eos=True)
+            # questions never asked before, so only A's own blocks (and answer) can be reused
+            ask = np.roll(question, 2 * rep + reuse)
+            turn = np.array([*doc_a, *first.tokens[:-1], *ask], np.int64)
+            record(ttft, reused, "chat turn", reuse, rep, *timed(pipe, turn, reuse))
+            # 2. a question on document B (cold), then another one on A
+            timed(pipe, np.concatenate([doc_b, ask]), False)
+            back = np.concatenate([doc_a, ask[::-1]])
+            record(ttft, reused, "A after B", reuse, rep, *timed(pipe, back, reuse))
+    print(f"backend {pipe.kv_stats()['kv_binding']}")
+    for name in reused:
+        print(
+            f"{name}: {reused[name]} tokens reused; TTFT reused "
+            f"{min(ttft[name, True]):.3f} s, from scratch {min(ttft[name, False]):.3f} s"
+        )
 
 
 if __name__ == "__main__":

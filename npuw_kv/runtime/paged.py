@@ -90,11 +90,14 @@ class PagedRunner:
     def _copy_block(
         self, window: int, src_pool: PoolKind, src: int, dst_pool: PoolKind, dst: int
     ) -> None:
-        """The manager moves a block's bytes (there is no host pool: both are device slots)."""
+        """The manager moves a block's bytes: only for a prefix hit on a sliding-window layer's
+        block that a live sequence holds, which this full-attention path never has (and there
+        is no host pool: both slots are the device's).  Counted, should it ever happen."""
         if PoolKind.HOST in (src_pool, dst_pool):
             raise RuntimeError("the paged KV cache has no host pool")
         for tensor in self.cache.tensors.values():
             tensor.data[dst] = tensor.data[src]
+            self.host_bytes_copied += tensor.data[dst].nbytes
 
     # -- state -------------------------------------------------------------------------------
     @property
