@@ -63,11 +63,16 @@ def test_any_earlier_prompt_is_reused_not_only_the_last(pa_pipe, smol_dir, text_
     reused = pa_pipe.generate(follow_up, max_new_tokens=6, ignore_eos=True)
     block = pa_pipe.runner.cache.block_size
     assert pa_pipe.kv_stats()["reused_tokens"] == len(a) // block * block
+    # at least b's full blocks and the follow-up's (which start with a's) stay cached
+    kept_blocks = (len(b) + 3) // block + (len(follow_up) + 5) // block
+    assert pa_pipe.kv_stats()["cached_prefix_tokens"] >= kept_blocks * block
     fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **SHAPES)
     alone = fresh.generate(follow_up, max_new_tokens=6, ignore_eos=True)
     assert reused.tokens == alone.tokens
     assert np.array_equal(reused.first_logits, alone.first_logits)
     assert fresh.kv_stats()["reused_tokens"] == 0 and fresh.runner.blocks.stats().hit_tokens == 0
+    # without reuse the blocks are still stored (prompt and 5 fed tokens), to serve once it is on
+    assert fresh.kv_stats()["cached_prefix_tokens"] == (len(follow_up) + 5) // block * block
     pa_pipe.runner.blocks.check_invariants()
 
 

@@ -118,6 +118,11 @@ class StaticRunner:
         return self.shapes.total_len - self._next_slot
 
     @property
+    def cached_prefix_tokens(self) -> int:
+        """Tokens a later prompt could start from: only the last sequence's, in its slots."""
+        return len(self._cached)
+
+    @property
     def shared_weights(self) -> bool:
         return self.requests.shared_weights
 

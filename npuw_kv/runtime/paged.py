@@ -110,6 +110,13 @@ class PagedRunner:
         """How many more tokens can be generated before the KV cache is full."""
         return self.cache.capacity - self.tokens_in_cache
 
+    @property
+    def cached_prefix_tokens(self) -> int:
+        """Tokens in full blocks of the reuse tree (every prompt's not yet evicted, the live
+        one's included): what later prompts could start from."""
+        window = self.blocks.stats().windows[self._window]
+        return window.cached_blocks * self.cache.block_size
+
     # -- phases ------------------------------------------------------------------------------
     def _infer(self, ids: np.ndarray, past: int) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
