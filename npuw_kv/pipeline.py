@@ -380,7 +380,7 @@ class LLMPipeline:
             "kv_precision": runner.cache.precision,
             "tokens_in_cache": runner.tokens_in_cache,
             "reused_tokens": runner.reused_tokens,
-            "cached_prefix_tokens": runner.cached_prefix_tokens,
+            "cached_tokens": runner.cached_tokens,
             "kv_binding": runner.kv_binding,
             "shared_weights": runner.shared_weights,
             "host_bytes_copied": runner.host_bytes_copied,

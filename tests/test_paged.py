@@ -38,15 +38,16 @@ def test_one_cache_bound_once_and_nothing_copied(pa_pipe, text_ids):
 
 def test_prefix_reuse_gives_what_a_fresh_run_gives(pa_pipe, smol_dir, text_ids):
     """Reuse keeps whole blocks: a u8 block's scales depend on which tokens were written
-    together, so rerunning the partial block from its start reproduces a fresh run bit for bit
-    when the kept blocks were prefilled (here: the first prompt's)."""
+    together, so the partial block is rerun from its start, and blocks that generated tokens
+    completed (written one token at a time) are not cached at all.  A chat turn then reuses
+    the prompt's blocks only and gives a fresh run's logits bit for bit."""
     ids = text_ids(500)
-    first = pa_pipe.generate(ids, max_new_tokens=6, ignore_eos=True)
-    follow_up = np.concatenate([ids, first.tokens[:3], text_ids(40)[:20]])
+    first = pa_pipe.generate(ids, max_new_tokens=20, ignore_eos=True)  # completes [480, 512)
+    follow_up = np.concatenate([ids, first.tokens[:16], text_ids(40)[:20]])
     reused = pa_pipe.generate(follow_up, max_new_tokens=6, ignore_eos=True)
     block = pa_pipe.runner.cache.block_size
     kept = pa_pipe.kv_stats()["reused_tokens"]
-    assert kept > 0 and kept % block == 0 and kept > len(ids) - block
+    assert kept == len(ids) // block * block  # not the block the answer completed
     fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **SHAPES)
     alone = fresh.generate(follow_up, max_new_tokens=6, ignore_eos=True)
     assert reused.tokens == alone.tokens
@@ -65,15 +66,31 @@ def test_any_earlier_prompt_is_reused_not_only_the_last(pa_pipe, smol_dir, text_
     assert pa_pipe.kv_stats()["reused_tokens"] == len(a) // block * block
     # at least b's full blocks and the follow-up's (which start with a's) stay cached
     kept_blocks = (len(b) + 3) // block + (len(follow_up) + 5) // block
-    assert pa_pipe.kv_stats()["cached_prefix_tokens"] >= kept_blocks * block
+    assert pa_pipe.kv_stats()["cached_tokens"] >= kept_blocks * block
     fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **SHAPES)
     alone = fresh.generate(follow_up, max_new_tokens=6, ignore_eos=True)
     assert reused.tokens == alone.tokens
     assert np.array_equal(reused.first_logits, alone.first_logits)
     assert fresh.kv_stats()["reused_tokens"] == 0 and fresh.runner.blocks.stats().hit_tokens == 0
-    # without reuse the blocks are still stored (prompt and 5 fed tokens), to serve once it is on
-    assert fresh.kv_stats()["cached_prefix_tokens"] == (len(follow_up) + 5) // block * block
+    # without reuse the prompt's full blocks are still stored, to serve once it is on (u8 KV:
+    # not those the generated tokens completed, see the next test)
+    assert fresh.kv_stats()["cached_tokens"] == len(follow_up) // block * block
     pa_pipe.runner.blocks.check_invariants()
+
+
+def test_a_chunk_size_off_the_block_grid_still_reuses_exactly(smol_dir, text_ids):
+    """With C = 48 a fresh run writes block [32, 64) in two calls; after a hit the chunks end
+    where a fresh run's do (multiples of C), so every u8 block gets the same scales."""
+    shapes = dict(prefill_chunk_size=48, max_prompt_len=336, min_response_len=8)
+    pipe = LLMPipeline(smol_dir, "CPU", **shapes)
+    fresh = LLMPipeline(smol_dir, "CPU", prefix_reuse=False, **shapes)
+    ids = text_ids(300)
+    pipe.generate(ids[:130], max_new_tokens=2, ignore_eos=True)
+    reused = pipe.generate(ids, max_new_tokens=4, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 128
+    alone = fresh.generate(ids, max_new_tokens=4, ignore_eos=True)
+    assert reused.tokens == alone.tokens
+    assert np.array_equal(reused.first_logits, alone.first_logits)
 
 
 def test_a_small_cache_evicts_old_prefixes_and_stays_right(smol_dir, text_ids):
@@ -95,10 +112,10 @@ def test_a_small_cache_evicts_old_prefixes_and_stays_right(smol_dir, text_ids):
     window = next(iter(pipe.runner.blocks.stats().windows.values()))
     assert window.primary_total == pipe.runner.cache.num_blocks == 7
     # three prompts leave six full blocks cached.  The fourth starts from the first one's two;
-    # its second new block evicts the least recently used, the second prompt's first block,
-    # which cuts that prompt's second block from the tree too (2 removed).  So the fifth, which
-    # starts like the second, runs cold
-    assert reused == [0, 0, 0, 64, 0] and window.counters.removed_blocks == 2
+    # its second new block evicts from the least recently used chain, the second prompt's, and
+    # from its end (evicting its first block would cut the other one from the tree too).  So
+    # the fifth, which starts like the second, still reuses that chain's first block
+    assert reused == [0, 0, 0, 64, 32] and window.counters.removed_blocks == 1
 
 
 def test_a_failure_mid_prompt_forgets_the_cache_and_the_next_prompt_runs_cold(smol_dir, text_ids):

@@ -33,7 +33,7 @@ def test_continuation_gives_the_fresh_prefill_result(smol_dir, text_ids, device,
     ours = pipe.generate(turn, max_new_tokens=16, ignore_eos=True)
     assert pipe.kv_stats()["reused_tokens"] == len(cached)
     stats = pipe.kv_stats()  # the static path keeps this turn's tokens, the last one unfed
-    assert stats["cached_prefix_tokens"] == stats["tokens_in_cache"] == len(turn) + 15
+    assert stats["cached_tokens"] == stats["tokens_in_cache"] == len(turn) + 15
     if extra.get("kv_binding") != "copy":
         assert pipe.kv_stats()["host_bytes_copied"] == 0
     fresh = _fresh(pipe, turn, 16)

@@ -15,12 +15,6 @@ def first_divergence(ours: Sequence[int], ref: Sequence[int]) -> int | None:
     return None
 
 
-def top2_margin(logits: np.ndarray) -> np.ndarray:
-    """Per row, how far the top logit is ahead of the runner-up: how much error flips greedy."""
-    top = np.sort(logits.astype(np.float64), axis=-1)[..., -2:]
-    return top[..., 1] - top[..., 0]
-
-
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)

@@ -68,9 +68,10 @@ def markdown(results: list[Result], command: str) -> str:
     out.append(
         "\nReference: openvino-genai CPU pipeline (greedy tokens) and the stateful IR (logits), "
         "both exact f32 with f32 KV. Both sides are teacher-forced on the reference tokens; "
-        "`tokens` counts generated tokens equal before the first divergence; `ref margin` is the "
-        "reference's lead of its top token over the runner-up there (an error that size can "
-        "flip the token: a small margin marks a near-tie); `recall` is the "
+        "`tokens` counts generated tokens equal before the first divergence; `ref margin` is, "
+        "there, the reference's logit for its token minus its logit for the token chosen "
+        "instead (an error that size flips the token: a small margin marks a near-tie); "
+        "`recall` is the "
         "long-context retrieval check; `tol` is the max |dlogit| allowed (`report` = not gated; "
         "`(peer)`: device-default, held to the ir-default peer's error on the same prompt, "
         "|dlogit| and mean KL, instead of to the f32 tokens)."

@@ -79,8 +79,9 @@ class Result:
     mean_kl: float = float("nan")
     ppl: float = float("nan")
     ppl_ref: float = float("nan")
-    # the reference's top-1 lead over its runner-up where the paths part: any error larger
-    # than this may flip the token there, so a small one marks a near-tie, not a defect
+    # where the paths part, how far the reference's logit for its token is ahead of its logit
+    # for the token chosen instead: an error that size flips it, so a small lead marks a
+    # near-tie, not a defect
     ref_margin: float = float("nan")
     retrieval_found: bool | None = None
     tolerance: float | None = None
@@ -130,7 +131,7 @@ def evaluate(
     return {
         "matched": len(ref_tokens) if divergence is None else divergence,
         "first_divergence": divergence,
-        "ref_margin": _margin_at(ref_logits, divergence),
+        "ref_margin": _lead_at(ref_logits, ref_tokens, greedy, divergence),
         "max_abs_dlogit": float(np.abs(our_logits - ref_logits).max()),
         "mean_kl": float(metrics.kl_divergence(ref_logits, our_logits).mean()),
         "ppl": metrics.perplexity(np.concatenate(rows), np.concatenate(targets)),
@@ -321,13 +322,17 @@ def _score_peer(
     divergence = metrics.first_divergence(tokens or [], ref_tokens)
     result.matched = result.new_tokens if divergence is None else divergence
     result.first_divergence = divergence
-    result.ref_margin = _margin_at(ref_logits, divergence)
+    result.ref_margin = _lead_at(ref_logits, ref_tokens, tokens or [], divergence)
 
 
-def _margin_at(ref_logits: np.ndarray, position: int | None) -> float:
-    if position is None or position >= len(ref_logits):
+def _lead_at(
+    ref_logits: np.ndarray, ref_tokens: list[int], chosen: list[int], position: int | None
+) -> float:
+    """The reference's logit for its token minus its logit for ``chosen`` at ``position``."""
+    if position is None or position >= min(len(ref_logits), len(chosen)):
         return float("nan")
-    return float(metrics.top2_margin(ref_logits[position]))
+    row = ref_logits[position]
+    return float(row[ref_tokens[position]] - row[chosen[position]])
 
 
 def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:

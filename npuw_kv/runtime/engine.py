@@ -118,8 +118,8 @@ class StaticRunner:
         return self.shapes.total_len - self._next_slot
 
     @property
-    def cached_prefix_tokens(self) -> int:
-        """Tokens a later prompt could start from: only the last sequence's, in its slots."""
+    def cached_tokens(self) -> int:
+        """Tokens the cache keeps for reuse: only the last sequence's, in its slots."""
         return len(self._cached)
 
     @property

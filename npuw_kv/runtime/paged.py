@@ -69,6 +69,10 @@ class PagedRunner:
         self._window = next(iter(self.blocks.windows))
         self._seq = 0  # id of the live sequence; 0: none yet
         self.reused_tokens = 0
+        self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
+        # u8 blocks written one token at a time get other scales than a fresh prefill writes:
+        # generated tokens' blocks are cached only for float KV, where they are the same
+        self._store_steps = self.cache.precision in ("f32", "f16", "bf16")
 
     def _new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
@@ -111,9 +115,9 @@ class PagedRunner:
         return self.cache.capacity - self.tokens_in_cache
 
     @property
-    def cached_prefix_tokens(self) -> int:
-        """Tokens in full blocks of the reuse tree (every prompt's not yet evicted, the live
-        one's included): what later prompts could start from."""
+    def cached_tokens(self) -> int:
+        """Tokens in the reuse tree's blocks, over every cached prefix (the live sequence's
+        included); a later prompt can start from at most the longest of those prefixes."""
         window = self.blocks.stats().windows[self._window]
         return window.cached_blocks * self.cache.block_size
 
@@ -141,6 +145,8 @@ class PagedRunner:
     ) -> np.ndarray:
         """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
 
+        Chunks end where a fresh run's do (multiples of C), so every block is written in the
+        same calls as in a fresh run: a u8 block's scales depend on that.
         ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
@@ -148,28 +154,30 @@ class PagedRunner:
             raise ValueError("prompt is empty: at least one token is needed")
         if ids.size > self.max_prompt_len:
             raise CapacityError.prompt(ids.size, self.max_prompt_len)
-        if self._seq in self.blocks.sequence_ids:
-            self.blocks.remove_sequence(self._seq)  # its full blocks stay cached for reuse
-        self._seq += 1
-        prompt = ids.tolist()
-        # whole blocks, >= 1 token left to run
-        start = self.blocks.lookup(prompt).hit_tokens if self.prefix_reuse else 0
-        logits = np.empty((1, 0), np.float32)
-        with self._reset_on_error():
-            for begin in range(start, ids.size, self.chunk):
-                part = ids[begin : begin + self.chunk]
+        with self._writing():
+            if self._seq in self.blocks.sequence_ids:
+                self.blocks.remove_sequence(self._seq)  # its full blocks stay cached for reuse
+            self._seq += 1
+            prompt = ids.tolist()
+            # whole blocks, >= 1 token left to run
+            start = self.blocks.lookup(prompt).hit_tokens if self.prefix_reuse else 0
+            self.reused_tokens = start
+            size = self.chunk
+            edges = [start, *range((start // size + 1) * size, ids.size, size), ids.size]
+            logits = np.empty((1, 0), np.float32)
+            for begin, end in zip(edges, edges[1:], strict=False):
                 if begin == start:
                     reused = self.blocks.add_sequence(
-                        self._seq, prompt[: begin + part.size], reuse=self.prefix_reuse
+                        self._seq, prompt[:end], reuse=self.prefix_reuse
                     )
-                    assert reused == start, (reused, start)
+                    if reused != start:  # the device is told `start` tokens are cached
+                        raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
                 else:
-                    self.blocks.add_tokens(self._seq, part.tolist())
-                logits = self._infer(part, begin)
+                    self.blocks.add_tokens(self._seq, prompt[begin:end])
+                logits = self._infer(ids[begin:end], begin)
                 if on_chunk is not None:
-                    positions = np.arange(begin, begin + part.size)[-logits.shape[0] :]
+                    positions = np.arange(begin, end)[-logits.shape[0] :]
                     on_chunk(positions, logits)
-        self.reused_tokens = start
         return logits[-1].copy()
 
     def step(self, token: int) -> np.ndarray:
@@ -177,17 +185,27 @@ class PagedRunner:
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.cache.capacity)
         past = self.tokens_in_cache
-        with self._reset_on_error():
-            self.blocks.add_token(self._seq, int(token))
+        with self._writing():
+            self.blocks.add_token(self._seq, int(token), store=self._store_steps)
             logits = self._infer(np.array([token], np.int64), past)
         return logits[-1].copy()
 
     @contextmanager
-    def _reset_on_error(self) -> Iterator[None]:
-        """A failure part-way leaves blocks registered for reuse that the device never wrote:
-        forget every cached block (the next prompt runs cold)."""
+    def _writing(self) -> Iterator[None]:
+        """Blocks are registered (and cached) before the device writes them.  If a call fails
+        part-way, forget every cached block, so none the device never wrote is reused; should
+        that itself be interrupted, the next call does it first."""
+        if self._dirty:
+            self._forget()
+        self._dirty = True
         try:
             yield
         except BaseException:
-            self.blocks = self._new_manager()
+            self._forget()
             raise
+        self._dirty = False
+
+    def _forget(self) -> None:
+        self.blocks = self._new_manager()
+        self.reused_tokens = 0
+        self._dirty = False

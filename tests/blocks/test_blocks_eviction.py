@@ -80,6 +80,18 @@ def test_non_leaf_eviction_cuts_children_and_keeps_tree_consistent() -> None:
     mgr.check_invariants()
 
 
+def test_a_full_attention_chain_is_evicted_from_its_end() -> None:
+    """Evicting a chain's first block would cut every block after it from the tree, so at one
+    priority an ended sequence's blocks are queued tail first and it shrinks from its end."""
+    mgr = build([None], [5], max_seq_len=10, tpb=2)
+    a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    mgr.add_sequence("a", a)  # 4 full blocks cached, the partial 5th freed at the end
+    mgr.remove_sequence("a")
+    mgr.add_sequence("b", [50, 51, 52, 53, 54, 55])  # 3 blocks: the free one and 2 of a's
+    assert mgr.lookup(a).hit_tokens == 4  # a's last two went; its first two still serve
+    mgr.check_invariants()
+
+
 def test_offload_to_host_then_onboard_on_hit_keeps_bytes() -> None:
     mgr = build([None], [4], max_seq_len=8, tpb=2, host=[4])
     wm = mgr.windows[8]

@@ -40,6 +40,23 @@ def test_a_sequence_may_skip_reading_the_cache_and_still_stores_its_blocks() -> 
     mgr.check_invariants()
 
 
+def test_tokens_added_with_store_false_seal_the_sequence() -> None:
+    """A runtime whose token-by-token blocks differ from a fresh prefill's (u8 KV) keeps them
+    out of the tree.  Full attention keeps the blocks stored before the seal; SWA groups, which
+    store a sequence when it ends, store none of it."""
+    mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2, max_tokens_per_call=8)
+    mgr.add_sequence("a", [1, 2, 3, 4, 5])  # full blocks [1, 2] [3, 4] stored as they fill
+    mgr.add_token("a", 6, store=False)  # completes [5, 6]: not stored
+    mgr.add_tokens("a", [7, 8])  # sealed: later blocks are not stored either
+    full = mgr.windows[16]
+    assert full.tree is not None and full.tree.cached_blocks == 2
+    mgr.remove_sequence("a")
+    assert mgr.windows[4].tree is not None and mgr.windows[4].tree.cached_blocks == 0  # SWA
+    hit = mgr.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert hit.per_window[16] == 4 and hit.hit_tokens == 0  # the SWA group stored nothing
+    mgr.check_invariants()
+
+
 def test_swa_stores_at_remove_and_hits_are_whole_blocks() -> None:
     mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2)
     mgr.add_sequence("a", [1, 2, 3, 4, 5, 6, 7])

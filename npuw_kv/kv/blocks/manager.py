@@ -177,8 +177,14 @@ class KVBlockManager:
         self.hit_tokens += k * self.tpb
         return k * self.tpb
 
-    def add_tokens(self, seq_id: Hashable, tokens: Iterable[int]) -> None:
-        """Append generated (or further prompt) tokens to a live sequence."""
+    def add_tokens(self, seq_id: Hashable, tokens: Iterable[int], *, store: bool = True) -> None:
+        """Append generated (or further prompt) tokens to a live sequence.
+
+        ``store=False``: these tokens' blocks, and every later one of the sequence, stay out of
+        the reuse tree (SWA groups, which store a sequence when it ends, store none of it); for
+        a runtime whose blocks would differ from a fresh prefill's (u8 KV
+        blocks written one token at a time get other quantisation scales).
+        """
         seq = self._get(seq_id)
         new = _as_tokens(tokens)
         n_old = len(seq.tokens)
@@ -198,12 +204,12 @@ class KVBlockManager:
         )
         seq.tokens.extend(new)
         for wm in self.windows.values():
-            wm.extend(seq.serial, seq.tokens, n_old)
+            wm.extend(seq.serial, seq.tokens, n_old, store)
 
     extend = add_tokens
 
-    def add_token(self, seq_id: Hashable, token: int) -> None:
-        self.add_tokens(seq_id, (token,))
+    def add_token(self, seq_id: Hashable, token: int, *, store: bool = True) -> None:
+        self.add_tokens(seq_id, (token,), store=store)
 
     def remove_sequence(self, seq_id: Hashable) -> None:
         """End a sequence: SWA groups store its blocks for reuse, all blocks are released."""

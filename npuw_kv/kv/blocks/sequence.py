@@ -87,7 +87,8 @@ class SeqBlocks:
     gens: list[int] = field(default_factory=list)
     #: index of the first live block; slots before it are detached (or never claimed)
     first_live: int = 0
-    #: False once another allocation overwrote one of its blocks (SWA: never stored then)
+    #: False once another allocation overwrote one of its blocks (SWA: never stored then), or
+    #: once the runtime said its next blocks are not worth caching (``add_tokens(store=False)``)
     storable: bool = True
     #: full-attention groups store while filling: depth stored so far and the node there
     stored_depth: int = 0

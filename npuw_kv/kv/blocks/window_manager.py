@@ -189,9 +189,15 @@ class WindowManager:
             seq.stored_depth, seq.stored_node = k, match.path[k - 1]
         self._grow(seq, tokens, k * self.tpb, len(tokens))
 
-    def extend(self, serial: int, tokens: Sequence[int], n_old: int) -> None:
-        """Append ``tokens[n_old:]`` (``tokens`` is the whole sequence)."""
-        self._grow(self.seqs[serial], tokens, n_old, len(tokens))
+    def extend(self, serial: int, tokens: Sequence[int], n_old: int, store: bool = True) -> None:
+        """Append ``tokens[n_old:]`` (``tokens`` is the whole sequence).
+
+        ``store=False`` seals the sequence: no block from here on is stored for reuse.
+        """
+        seq = self.seqs[serial]
+        if not store:
+            seq.storable = False
+        self._grow(seq, tokens, n_old, len(tokens))
 
     def remove(self, serial: int, tokens: Sequence[int]) -> None:
         """End a sequence: store its chain (SWA, if intact), release its blocks."""
@@ -199,7 +205,12 @@ class WindowManager:
         swa = self.group.is_swa
         if self.tree is not None and swa and seq.storable:
             self._store_chain(seq, tokens, self.tree.root, 0, len(tokens) // self.tpb)
-        for idx in range(seq.first_live, len(seq.table)):
+        # Full attention: the tail goes first into the LRU queue, so it is evicted first and
+        # a cached chain shrinks from its end (evicting its first block would cut every block
+        # after it from the tree).  SWA: a deep hit needs only the blocks just before it, so
+        # the front is what is least worth keeping.
+        order = range(seq.first_live, len(seq.table))
+        for idx in order if swa else reversed(order):
             block = seq.table[idx]
             assert block is not None
             self._release(seq, block, idx, final=True)
@@ -226,7 +237,7 @@ class WindowManager:
             block.priority = seq.priorities.for_block(idx)
             seq.put(idx, block)
             self.counters.allocated_blocks += 1
-        if self.tree is not None and not self.group.is_swa:
+        if self.tree is not None and not self.group.is_swa and seq.storable:
             self._store_full(seq, tokens, n_to // self.tpb)
 
     def _detach_upto(self, seq: SeqBlocks, n_tokens: int) -> None:
