@@ -9,11 +9,11 @@ Which block holds what is the block manager's (``kv/blocks``): every prompt is a
 its full blocks stay cached in the manager's reuse tree after it ends, until the space is
 needed (priority, then least recently used).  So a prompt reuses the longest cached prefix of
 *any* earlier prompt or answer, not only the last one: a system prompt shared by many chats,
-or two documents asked about in turn.  Reuse is in whole blocks, because a u8 block's scales
-depend on which of its tokens were written together: a fresh run writes the partial block from
-its start.  Kept blocks that a fresh run would write differently (generated tokens, written one
-by one) stay as they are, so after a chat turn a u8 continuation is close to a fresh prefill,
-not bit-equal; f32 KV is exact.
+or two documents asked about in turn.  A u8 block's scales depend on which of its tokens were
+written together, so everything reused is written as a fresh run writes it: whole blocks only
+(the partial one is rerun from its start), chunks that end where a fresh run's do, and on u8
+no block that generated tokens completed (written one token at a time).  A continuation then
+gives a fresh run's logits bit for bit.
 """
 
 from __future__ import annotations
