@@ -1,7 +1,8 @@
 """TTFT of prompts whose start is in the KV cache: reused vs from scratch.
 
-1. A chat turn: a 400-token prompt is answered (32 tokens), then that prompt, its answer and
-   60 new tokens are sent.
+1. A chat turn: a 400-token prompt is answered (32 sampled tokens), then that prompt, its
+   answer and 60 new tokens are sent.  On u8 KV (the CPU default) the paged path reuses the
+   prompt's whole blocks, not the one the answer completed (written token by token).
 2. Back to an earlier document: a question on document A (400 tokens), then one on document
    B, then another on A.  On the PagedAttention path (the CPU default) the block manager still
    holds A's blocks after B; the static-shape path keeps only the last prompt, so A runs cold.
@@ -60,9 +61,13 @@ def main() -> None:
         for reuse in (True, False):
             # 1. document A answered (cold), then the chat turn on it
             pipe.runner.prefix_reuse = False
-            first = pipe.generate(doc_a, max_new_tokens=32, ignore_eos=True)
-            # questions never asked before, so only A's own blocks (and answer) can be reused
-            ask = np.roll(question, 2 * rep + reuse)
+            # a sampled answer and a question never seen before: only this round's document
+            # and answer can be reused, not an earlier round's turn
+            seed = 2 * rep + reuse
+            first = pipe.generate(
+                doc_a, max_new_tokens=32, ignore_eos=True, do_sample=True, rng_seed=seed
+            )
+            ask = np.roll(question, seed)
             turn = np.array([*doc_a, *first.tokens[:-1], *ask], np.int64)
             record(ttft, reused, "chat turn", reuse, rep, *timed(pipe, turn, reuse))
             # 2. a question on document B (cold), then another one on A
