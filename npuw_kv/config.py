@@ -32,6 +32,7 @@ _ALIASES: dict[str, str] = {
     "GGUF_ZERO_POINTS": "gguf_zero_points",
     "STATIC_MODELS": "static_models",
     "PREFIX_REUSE": "prefix_reuse",
+    "PREFIX_CACHE_TOKENS": "prefix_cache_tokens",
     "NPUW_DEVICES": "npuw_devices",
     "NUM_THREADS": "num_threads",
     "INFERENCE_NUM_THREADS": "num_threads",
@@ -76,7 +77,13 @@ def _as_int(key: str, value: Any) -> int:
 
 def _normalize(name: str, value: Any) -> Any:
     """A setting's value in its field's type, so that two spellings of it compare equal."""
-    if name in ("max_prompt_len", "min_response_len", "prefill_chunk_size", "num_threads"):
+    if name in (
+        "max_prompt_len",
+        "min_response_len",
+        "prefill_chunk_size",
+        "num_threads",
+        "prefix_cache_tokens",
+    ):
         return _as_int(name, value)
     if name in ("prefix_reuse", "full_prefill_logits") or (
         name == "static_models" and value is not None  # None: chosen per device
@@ -107,6 +114,8 @@ class PipelineConfig:
     static_models: bool | None = None
     attention_backend: str = "auto"  # "pa": PagedAttention (CPU); "sdpa": static-shape views
     prefix_reuse: bool = True  # a prompt that starts like the cached tokens runs only the rest
+    # paged path: KV room beyond one sequence's, where earlier prompts' blocks stay cached
+    prefix_cache_tokens: int = 0
     npuw_devices: str = "CPU"
     num_threads: int = 0
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
@@ -149,6 +158,16 @@ class PipelineConfig:
             raise ValueError(
                 f"gguf_zero_points (GGUF_ZERO_POINTS) {self.gguf_zero_points!r} "
                 f"not in {GGUF_ZERO_POINTS}"
+            )
+        if self.prefix_cache_tokens < 0:
+            raise ValueError(
+                f"prefix_cache_tokens (PREFIX_CACHE_TOKENS) must be >= 0, "
+                f"got {self.prefix_cache_tokens}"
+            )
+        if self.prefix_cache_tokens and not self.paged:
+            raise ValueError(
+                "prefix_cache_tokens (PREFIX_CACHE_TOKENS) needs attention_backend "
+                "(ATTENTION_BACKEND) 'pa' on CPU: the static-shape cache holds one sequence"
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")

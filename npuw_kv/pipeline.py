@@ -133,22 +133,27 @@ class LLMPipeline:
                     raise
                 warnings.warn(
                     f"PagedAttention did not compile ({exc}); running the static-shape path "
-                    "(attention_backend='sdpa')",
+                    "(attention_backend='sdpa')"
+                    + ", which keeps no prefix cache"
+                    * bool(config.prefix_cache_tokens),
                     RuntimeWarning,
                     stacklevel=3,
                 )
                 ir = read_ir(self.core, self.model_dir)  # the rewrite above was in place
-                self.config = config = replace(config, attention_backend="sdpa")
+                self.config = config = replace(
+                    config, attention_backend="sdpa", prefix_cache_tokens=0
+                )
             else:
                 self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
                 return self._allocate(
-                    kv_capacity,
+                    kv_capacity + config.prefix_cache_tokens,
                     lambda: PagedRunner(
                         request,
                         kv_capacity,
                         config.max_prompt_len,
                         config.prefill_chunk_size,
                         config.prefix_reuse,
+                        config.prefix_cache_tokens,
                     ),
                 )
         prepared, layout = prepare(
@@ -184,7 +189,8 @@ class LLMPipeline:
         except MemoryError as exc:
             raise ValueError(
                 f"cannot allocate a KV cache of {kv_capacity} tokens; lower "
-                "max_prompt_len (MAX_PROMPT_LEN) or min_response_len (MIN_RESPONSE_LEN)"
+                "max_prompt_len (MAX_PROMPT_LEN), min_response_len (MIN_RESPONSE_LEN) or "
+                "prefix_cache_tokens (PREFIX_CACHE_TOKENS)"
             ) from exc
 
     # -- genai-shaped accessors -------------------------------------------------------------

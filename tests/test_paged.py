@@ -118,6 +118,22 @@ def test_a_small_cache_evicts_old_prefixes_and_stays_right(smol_dir, text_ids):
     assert reused == [0, 0, 0, 64, 32] and window.counters.removed_blocks == 1
 
 
+def test_prefix_cache_tokens_keep_earlier_prompts_beside_a_full_sequence(smol_dir, text_ids):
+    """PREFIX_CACHE_TOKENS adds blocks beyond one sequence's: the same five prompts as above
+    evict nothing, and a sequence may still hold only MAX_PROMPT_LEN + MIN_RESPONSE_LEN."""
+    shapes = dict(max_prompt_len=192, min_response_len=8, prefill_chunk_size=32)
+    pipe = LLMPipeline(smol_dir, "CPU", PREFIX_CACHE_TOKENS=96, **shapes, **EXACT_F32)
+    assert pipe.runner.cache.num_blocks == 10 and pipe.runner.remaining_capacity == 200
+    text = text_ids(400)
+    for ids in (text[:90], text[100:190], text[200:290], text[:95], text[100:150]):
+        pipe.generate(ids, max_new_tokens=4, ignore_eos=True)
+        pipe.runner.blocks.check_invariants()
+    window = next(iter(pipe.runner.blocks.stats().windows.values()))
+    assert window.counters.removed_blocks == 0 and pipe.kv_stats()["kv_capacity_tokens"] == 296
+    result = pipe.generate(text[:180], max_new_tokens=30, ignore_eos=True)
+    assert result.finish_reason == "length" and pipe.runner.tokens_in_cache == 200
+
+
 def test_a_failure_mid_prompt_forgets_the_cache_and_the_next_prompt_runs_cold(smol_dir, text_ids):
     pipe = LLMPipeline(smol_dir, "CPU", prefill_chunk_size=64, **EXACT_F32)
     ids = text_ids(200)
@@ -167,6 +183,9 @@ def test_full_prefill_logits_give_every_row(smol_dir, text_ids):
         ({"attention_backend": "pa", "kv_binding": "copy"}, "kv_binding='copy'"),
         ({"attention_backend": "sdpa", "kv_precision": "u8"}, "'u8' needs attention_backend"),
         ({"attention_backend": "flash"}, r"attention_backend \(ATTENTION_BACKEND\) 'flash'"),
+        ({"attention_backend": "sdpa", "prefix_cache_tokens": 64}, "PREFIX_CACHE_TOKENS.*'pa'"),
+        ({"device": "NPU", "PREFIX_CACHE_TOKENS": 64}, "PREFIX_CACHE_TOKENS.*'pa'"),
+        ({"prefix_cache_tokens": -1}, r"prefix_cache_tokens \(PREFIX_CACHE_TOKENS\) must be >= 0"),
     ],
 )
 def test_settings_the_backend_cannot_honour_are_refused(settings, message):

@@ -43,8 +43,12 @@ class PagedRunner:
         max_prompt_len: int,
         chunk: int,
         prefix_reuse: bool = False,
+        prefix_cache_tokens: int = 0,
     ) -> None:
+        """``capacity``: tokens one sequence may hold; ``prefix_cache_tokens``: room beyond it,
+        so that earlier prompts' blocks stay cached while a sequence of full length runs."""
         self.request = request
+        self.capacity = capacity
         self.max_prompt_len = max_prompt_len
         self.chunk = chunk
         self.prefix_reuse = prefix_reuse
@@ -60,7 +64,7 @@ class PagedRunner:
         # V blocks are [heads, block_size, dims]; u8 K blocks carry extra scale rows
         values = [s for s in specs if s.name.startswith("value_cache.")]
         block_size = values[0].block_shape[1]
-        self.cache = PagedKVCache(specs, capacity, block_size)
+        self.cache = PagedKVCache(specs, capacity + prefix_cache_tokens, block_size)
         for name, tensor in self.cache.tensors.items():
             request.set_tensor(name, tensor)
         heads, _, dims = values[0].block_shape
@@ -80,7 +84,7 @@ class PagedRunner:
         per_block = sum(2 * s.num_kv_heads * s.head_dim for s in self._layers) * size
         config = BlockManagerConfig(
             layers=self._layers,
-            max_seq_len=self.cache.capacity,
+            max_seq_len=self.capacity,
             kv_budget_bytes=self.cache.num_blocks * per_block,
             tokens_per_block=self.cache.block_size,
             dtype="uint8",  # counts slots only: the manager holds no bytes
@@ -112,7 +116,7 @@ class PagedRunner:
     @property
     def remaining_capacity(self) -> int:
         """How many more tokens can be generated before the KV cache is full."""
-        return self.cache.capacity - self.tokens_in_cache
+        return self.capacity - self.tokens_in_cache
 
     @property
     def cached_tokens(self) -> int:
@@ -183,7 +187,7 @@ class PagedRunner:
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
-            raise CapacityError.cache_full(self.cache.capacity)
+            raise CapacityError.cache_full(self.capacity)
         past = self.tokens_in_cache
         with self._writing():
             self.blocks.add_token(self._seq, int(token), store=self._store_steps)
