@@ -131,11 +131,11 @@ class LLMPipeline:
             except CompileError as exc:
                 if config.attention_backend != "auto":
                     raise
+                room = config.prefix_cache_tokens
                 warnings.warn(
                     f"PagedAttention did not compile ({exc}); running the static-shape path "
                     "(attention_backend='sdpa')"
-                    + ", which keeps no prefix cache"
-                    * bool(config.prefix_cache_tokens),
+                    + (", where prefix_cache_tokens does not apply" if room else ""),
                     RuntimeWarning,
                     stacklevel=3,
                 )

@@ -134,6 +134,26 @@ def test_prefix_cache_tokens_keep_earlier_prompts_beside_a_full_sequence(smol_di
     assert result.finish_reason == "length" and pipe.runner.tokens_in_cache == 200
 
 
+def test_auto_falls_back_to_the_static_path_when_paged_attention_does_not_compile(
+    smol_dir, text_ids, monkeypatch
+):
+    """A CPU the plugin has no paged kernel for: ``auto`` warns and runs the static-shape path,
+    dropping the prefix-cache room that only the paged path has."""
+    import npuw_kv.pipeline as pipeline_module
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Exception from the plugin: no PagedAttention kernel here")
+
+    monkeypatch.setattr(pipeline_module, "compile_paged", refuse)
+    with pytest.warns(RuntimeWarning, match="PagedAttention did not compile.*prefix_cache_tokens"):
+        pipe = LLMPipeline(smol_dir, "CPU", prefix_cache_tokens=64, **SHAPES)
+    assert not pipe.config.paged and pipe.config.prefix_cache_tokens == 0
+    assert pipe.kv_stats()["kv_binding"] == "roi"
+    assert len(pipe.generate(text_ids(40), max_new_tokens=3, ignore_eos=True).tokens) == 3
+    with pytest.raises(CompileError, match="no PagedAttention kernel"):  # asked for by name
+        LLMPipeline(smol_dir, "CPU", attention_backend="pa", **SHAPES)
+
+
 def test_a_failure_mid_prompt_forgets_the_cache_and_the_next_prompt_runs_cold(smol_dir, text_ids):
     pipe = LLMPipeline(smol_dir, "CPU", prefill_chunk_size=64, **EXACT_F32)
     ids = text_ids(200)
