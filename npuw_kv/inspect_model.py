@@ -45,7 +45,12 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
             f"device           {cfg.device} (attention_backend pa: one model, PagedAttention)",
             f"prefill          chunks of {shapes.chunk} tokens, prompts up to "
             f"{shapes.max_prompt_len}",
-            f"KV cache         {shapes.total_len} tokens in the device's blocks",
+            f"KV cache         {shapes.total_len} tokens in the device's blocks"
+            + (
+                f", + {cfg.prefix_cache_tokens} for cached prefixes"
+                if cfg.prefix_cache_tokens
+                else ""
+            ),
         ]
         return "\n".join(lines)
     lines += [

@@ -2,9 +2,9 @@
 
 Each tensor is ``[blocks, heads, block_size, dims]`` in the element type the device chose (u8
 rows carry their quantisation scales inside the block, so ``dims`` and the K block length may
-exceed head_dim and block_size).  The one sequence a pipeline runs owns blocks 0, 1, 2, ...
-in order, so a token's slot is simply its position in the cache and the block table is
-``arange``: prefill chunks and generate steps read and write the same tensors in place.
+exceed head_dim and block_size).  Which block holds which tokens is the block manager's
+(``kv/blocks``, driven by ``runtime/paged.py``): prefill chunks and generate steps read and
+write these tensors in place, through the sequence's block table.
 """
 
 from __future__ import annotations
