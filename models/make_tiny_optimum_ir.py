@@ -1,4 +1,4 @@
-"""Build a tiny random Llama with transformers and export it with optimum-intel.
+"""Build a tiny random Llama (or sliding-window Mistral / Qwen2) and export it with optimum-intel.
 
 Why: npuw-kv also ingests "optimum-intel IR directories" (the layout ``optimum-cli export
 openvino`` writes), whose graphs differ from openvino-genai's GGUF conversion (input and
@@ -16,7 +16,7 @@ torchvision, whose PyPI build breaks ``import transformers`` beside the CPU torc
 Usage::
 
     python models/make_tiny_optimum_ir.py OUT_DIR [--seed 0 --std 0.1 --layers 2 --hidden 64 \
-        --heads 4 --kv-heads 2 --intermediate 128]
+        --heads 4 --kv-heads 2 --intermediate 128 --arch llama|mistral|qwen2 --sliding-window 16]
 
 ``OUT_DIR`` gets openvino_model.xml/.bin (stateful: inputs input_ids, attention_mask,
 position_ids, beam_idx; KV cache in ReadValue/Assign), openvino_tokenizer.xml,
@@ -110,8 +110,14 @@ def make_tiny_optimum_ir(
     rope_base: float = 100000.0,
     rms_eps: float = 1e-5,
     keep_hf: bool = False,
+    arch: str = "llama",
+    sliding_window: int = 16,
 ) -> Path:
-    """Build a seeded random ``LlamaForCausalLM`` and export it to ``out_dir``; return ``out_dir``.
+    """Build a seeded random causal LM and export it to ``out_dir``; return ``out_dir``.
+
+    ``arch``: ``llama`` (full attention), ``mistral`` (every layer attends to the last
+    ``sliding_window`` tokens) or ``qwen2`` (alternating full and sliding-window layers, the
+    hybrid form), for tests of sliding-window attention.
 
     The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
     ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
@@ -125,7 +131,11 @@ def make_tiny_optimum_ir(
         shutil.rmtree(hf_dir)
     tokenizer = build_smollm2_tokenizer()
     vocab = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
-    config = transformers.LlamaConfig(
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+    config_class, model_class, extra = ARCHS[arch](transformers, layers, sliding_window)
+    config = config_class(
+        **extra,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -142,7 +152,7 @@ def make_tiny_optimum_ir(
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     model.generation_config.do_sample = False
     model.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
@@ -150,6 +160,24 @@ def make_tiny_optimum_ir(
     if not keep_hf:
         shutil.rmtree(hf_dir)
     return out
+
+
+def _llama(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    return transformers.LlamaConfig, transformers.LlamaForCausalLM, {}
+
+
+def _mistral(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    return transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": window}
+
+
+def _qwen2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    kinds = ["full_attention", "sliding_attention"] * layers
+    extra = {"sliding_window": window, "use_sliding_window": True, "layer_types": kinds[:layers]}
+    return transformers.Qwen2Config, transformers.Qwen2ForCausalLM, extra
+
+
+# arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
+ARCHS = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2}
 
 
 def export_hf_dir(hf_dir: Path, out: Path) -> None:
@@ -172,9 +200,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     add_shape_options(parser)
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="llama")
+    parser.add_argument("--sliding-window", type=int, default=16, help="mistral, qwen2 only")
     parser.add_argument("--keep-hf", action="store_true", help="keep the torch model in OUT/hf")
     args = parser.parse_args(argv)
-    out = make_tiny_optimum_ir(args.out_dir, keep_hf=args.keep_hf, **shape_kwargs(args))
+    out = make_tiny_optimum_ir(
+        args.out_dir,
+        keep_hf=args.keep_hf,
+        arch=args.arch,
+        sliding_window=args.sliding_window,
+        **shape_kwargs(args),
+    )
     size = sum(f.stat().st_size for f in out.glob("openvino_*"))
     print(f"wrote {out} ({size / 2**20:.1f} MiB of IR)")
 

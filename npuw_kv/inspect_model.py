@@ -7,7 +7,7 @@ from typing import Any
 import openvino as ov
 
 from .config import PipelineConfig
-from .model.source import resolve_model, trained_context
+from .model.source import declared_window, resolve_model, trained_context
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import paged_kv_precision, resolve_kv_precision
 
@@ -17,7 +17,11 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
     context = trained_context(model_dir)
     core = ov.Core()
-    _, layout = prepare(read_ir(core, model_dir), resolve_kv_precision(core, cfg))
+    _, layout = prepare(
+        read_ir(core, model_dir),
+        resolve_kv_precision(core, cfg),
+        declared_window=declared_window(model_dir),
+    )
     shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.kv_capacity(context))
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()

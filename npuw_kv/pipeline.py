@@ -21,7 +21,7 @@ import openvino_genai
 
 from .config import PipelineConfig
 from .model.paged import make_paged
-from .model.source import resolve_model, trained_context
+from .model.source import declared_window, resolve_model, trained_context
 from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
 from .runtime.compile import (
     CompileError,
@@ -157,7 +157,10 @@ class LLMPipeline:
                     ),
                 )
         prepared, layout = prepare(
-            ir, resolve_kv_precision(self.core, config), config.full_prefill_logits
+            ir,
+            resolve_kv_precision(self.core, config),
+            config.full_prefill_logits,
+            declared_window(self.model_dir),
         )
         self.layout = layout
         requests = self._compile(

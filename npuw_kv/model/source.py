@@ -104,7 +104,8 @@ def convert_gguf(
 
 
 def _write_source_info(ir_dir: Path, gguf: Path) -> None:
-    """Record the GGUF's trained context length next to the IR (the converter drops it)."""
+    """Record the GGUF's trained context length and sliding window next to the IR (the
+    converter drops both)."""
     import gguf as gguf_reader
 
     fields = gguf_reader.GGUFReader(gguf).fields
@@ -115,6 +116,9 @@ def _write_source_info(ir_dir: Path, gguf: Path) -> None:
         if key in fields:
             info["context_length"] = int(fields[key].contents())
             info["context_length_from"] = f"GGUF {key}"
+        window = f"{arch.contents()}.attention.sliding_window"
+        if window in fields:  # read by declared_window
+            info["sliding_window"] = int(fields[window].contents())
     (ir_dir / SOURCE_INFO).write_text(json.dumps(info, indent=1))
 
 
@@ -134,6 +138,31 @@ def trained_context(ir_dir: Path) -> tuple[int, str] | None:
         length = json.loads(config.read_text()).get("max_position_embeddings")
         if isinstance(length, int) and length > 0:
             return length, "config.json max_position_embeddings"
+    return None
+
+
+def declared_window(model_dir: Path) -> int | None:
+    """The sliding window the model's config declares for some layers (None: none declared).
+
+    ``config.json`` of a transformers export: ``layer_types`` names sliding layers where it is
+    given, else ``use_sliding_window`` says whether ``sliding_window`` applies (Qwen2), else a
+    ``sliding_window`` number means it does (Mistral).  A GGUF conversion records
+    ``<arch>.attention.sliding_window`` in its source info.
+    """
+    for name in (SOURCE_INFO, "config.json"):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        config = json.loads(path.read_text())
+        window = config.get("sliding_window")
+        if not isinstance(window, int) or window <= 0:
+            continue
+        if "layer_types" in config and isinstance(config["layer_types"], list):
+            if "sliding_attention" not in config["layer_types"]:
+                continue
+        elif config.get("use_sliding_window") is False:
+            continue
+        return window
     return None
 
 

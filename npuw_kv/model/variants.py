@@ -14,6 +14,7 @@ import openvino as ov
 
 from . import transforms as T
 from .layout import KVLayout, ModelLayoutError, discover_layout
+from .window import apply_windows
 
 
 class ModelLoadError(ValueError):
@@ -44,7 +45,10 @@ def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
 
 
 def prepare(
-    model: ov.Model, kv_precision: str = "f32", full_logits: bool = False
+    model: ov.Model,
+    kv_precision: str = "f32",
+    full_logits: bool = False,
+    declared_window: int | None = None,
 ) -> tuple[ov.Model, KVLayout]:
     """Stateless, GQA-broadcast fix, new-KV-only presents, last-position logits, KV dtype.
 
@@ -52,11 +56,12 @@ def prepare(
     softmax scale moved to the query).
 
     ``full_logits`` keeps the LM head on every position (C x vocab per chunk): only for
-    measuring prompt perplexity, never for serving.
+    measuring prompt perplexity, never for serving.  ``declared_window``: the sliding window
+    the model's config names (``source.declared_window``), checked against the graph.
     """
     T.make_stateless(model)
     T.fix_gqa_broadcast(model)
-    layout = discover_layout(model)
+    layout = apply_windows(model, discover_layout(model), declared_window)
     T.redirect_present_to_new_kv(model, layout)
     if not full_logits:
         T.logits_for_last_position(model, layout)
