@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
+import openvino as ov
 import pytest
 
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config import EXACT_F32, PipelineConfig
+from npuw_kv.runtime.compile import resolve_kv_precision
 
 
 def test_npuw_names_set_the_same_fields():
@@ -67,6 +71,19 @@ def test_bf16_kv_on_npu_is_refused_with_the_alternative():
         PipelineConfig.from_kwargs("NPU", KV_CACHE_PRECISION="BF16")
     assert PipelineConfig.from_kwargs("CPU", kv_precision="bf16").kv_precision == "bf16"
     assert PipelineConfig.from_kwargs("NPU", kv_precision="f16").kv_precision == "f16"
+
+
+def test_bf16_kv_under_f32_compute_warns_towards_f16():
+    """Same memory as f16 with 3 fewer mantissa bits: allowed, but the user is told."""
+    core = ov.Core()
+    bf16 = PipelineConfig.from_kwargs("CPU", kv_precision="bf16", **EXACT_F32)
+    with pytest.warns(RuntimeWarning, match="Use kv_precision='f16'"):
+        assert resolve_kv_precision(core, bf16) == "bf16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for precision in ("f16", "f32", "auto"):
+            cfg = PipelineConfig.from_kwargs("CPU", kv_precision=precision, **EXACT_F32)
+            assert resolve_kv_precision(core, cfg) == ("f32" if precision == "auto" else precision)
 
 
 def test_unknown_device():
