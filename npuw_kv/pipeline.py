@@ -20,7 +20,7 @@ import openvino as ov
 import openvino_genai
 
 from .config import PipelineConfig
-from .model.paged import make_paged
+from .model.paged import make_paged, split_block_tables
 from .model.source import declared_window, resolve_model, trained_context
 from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
 from .runtime.compile import (
@@ -126,6 +126,7 @@ class LLMPipeline:
         config = self.config
         if config.paged:
             paged = make_paged(ir, config.full_prefill_logits)
+            windows = split_block_tables(paged, kv_capacity)
             try:
                 request = self._compile(lambda: compile_paged(self.core, paged, config))
             except CompileError as exc:
@@ -154,13 +155,14 @@ class LLMPipeline:
                         config.prefill_chunk_size,
                         config.prefix_reuse,
                         config.prefix_cache_tokens,
+                        windows,
                     ),
                 )
         prepared, layout = prepare(
             ir,
             resolve_kv_precision(self.core, config),
             config.full_prefill_logits,
-            declared_window(self.model_dir),
+            declared_window(self.model_dir, kv_capacity),
         )
         self.layout = layout
         requests = self._compile(

@@ -85,6 +85,43 @@ def test_sliding_window_greedy_matches_genai(swa, reference, path):
         assert len(set(tokens)) > 4  # a meaningful comparison, not a constant loop
 
 
+def test_paged_windowed_layers_hold_only_their_window(swa, reference):
+    """On PagedAttention each window has its own block table, so a windowed layer's cache
+    holds the blocks its window reads (plus a zero block), not the whole sequence's; a
+    prompt and answer four blocks long run through a two-block pool."""
+    arch, model_dir = swa
+    pipe = LLMPipeline(model_dir, "CPU", attention_backend="pa", **SETTINGS)
+    cache, capacity = pipe.runner.cache, pipe.kv_stats()["kv_capacity_tokens"]
+    full_blocks = -(-capacity // cache.block_size)
+    for layer, size in enumerate(EXPECTED_WINDOWS[arch]):
+        blocks = cache.tensors[f"key_cache.{layer}"].get_shape()[0]
+        assert blocks == (full_blocks if size is None else 3), (layer, blocks)
+    all_full = pipe.kv_stats()["kv_bytes_per_token"] * full_blocks * cache.block_size
+    assert pipe.kv_stats()["kv_bytes_allocated"] < all_full
+    ids = _ids(64)
+    tokens = pipe.generate(ids, max_new_tokens=40, ignore_eos=True).tokens
+    assert tokens == reference(ids, 40)
+    pipe.runner.blocks.check_invariants()
+
+
+def test_paged_prefix_reuse_with_windows(swa):
+    """A prompt that extends an earlier one (another in between) reuses its blocks in every
+    window, given prefix-cache room, and gives a fresh run's logits bit for bit."""
+    model_dir = swa[1]
+    pipe = LLMPipeline(model_dir, "CPU", prefix_cache_tokens=64, **SETTINGS)
+    fresh = LLMPipeline(model_dir, "CPU", prefix_reuse=False, **SETTINGS)
+    first, other = _ids(44) + 2, _ids(40) + 1
+    pipe.generate(first, max_new_tokens=4, ignore_eos=True)
+    pipe.generate(other, max_new_tokens=4, ignore_eos=True)
+    longer = np.concatenate([first, other[:16]])
+    ours = pipe.generate(longer, max_new_tokens=8, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 32  # the whole blocks of ``first``
+    want = fresh.generate(longer, max_new_tokens=8, ignore_eos=True)
+    assert ours.tokens == want.tokens
+    np.testing.assert_array_equal(ours.first_logits, want.first_logits)
+    pipe.runner.blocks.check_invariants()
+
+
 def test_without_the_rewrite_the_static_path_leaves_the_window(swa, reference, monkeypatch):
     """The models above do exercise the window: with the masks left as exported, the
     static-shape path's generate step attends over the buffer's end and goes wrong."""
@@ -110,6 +147,16 @@ def test_a_declared_window_whose_mask_is_not_found_is_refused(swa, monkeypatch):
     monkeypatch.setattr(window, "_as_window_compare", lambda node: None)
     with pytest.raises(ModelLayoutError, match="attention_backend='pa'"):
         LLMPipeline(swa[1], "CPU", attention_backend="sdpa", **SETTINGS)
+    # PagedAttention takes the window from OpenVINO's own rewrite: inspect does not refuse
+    assert "attention_backend pa" in describe(str(swa[1]), attention_backend="pa")
+
+
+QWEN = {
+    "model_type": "qwen2",
+    "sliding_window": 512,
+    "use_sliding_window": True,
+    "num_hidden_layers": 28,
+}
 
 
 @pytest.mark.parametrize(
@@ -121,11 +168,22 @@ def test_a_declared_window_whose_mask_is_not_found_is_refused(swa, monkeypatch):
         ({"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]}, 512),
         ({"sliding_window": None}, None),
         ({}, None),
+        ({"model_type": "qwen3", "sliding_window": 4096}, None),  # off unless set
+        (QWEN | {"max_window_layers": 28}, None),  # windows from layer 28 of 28: none
+        (QWEN | {"max_window_layers": 14}, 512),
+        ({"text_config": {"sliding_window": 512}}, 512),  # multimodal configs nest it
     ],
 )
 def test_declared_window_reads_config_json(tmp_path, config, expected):
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert declared_window(tmp_path) == expected
+
+
+def test_a_window_as_long_as_the_kv_cache_is_not_declared(tmp_path):
+    """It cannot change anything (e.g. Phi-3.5's 262144), so no mask check is needed."""
+    (tmp_path / "config.json").write_text(json.dumps({"sliding_window": 4096}))
+    assert declared_window(tmp_path, capacity=1152) is None
+    assert declared_window(tmp_path, capacity=8192) == 4096
 
 
 def test_declared_window_reads_a_gguf_conversions_source_info(tmp_path):

@@ -9,6 +9,7 @@ write these tensors in place, through the sequence's block table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import openvino as ov
@@ -24,9 +25,19 @@ class PagedSpec:
 
 
 class PagedKVCache:
-    """Block-major K/V tensors holding ``capacity`` tokens in blocks of ``block_size``."""
+    """Block-major K/V tensors holding ``capacity`` tokens in blocks of ``block_size``.
 
-    def __init__(self, specs: list[PagedSpec], capacity: int, block_size: int) -> None:
+    ``blocks``: how many blocks a tensor gets, by name, where it is not ``capacity``'s worth: a
+    sliding-window layer needs only those its window reads (the block manager's pool for it).
+    """
+
+    def __init__(
+        self,
+        specs: list[PagedSpec],
+        capacity: int,
+        block_size: int,
+        blocks: Mapping[str, int] | None = None,
+    ) -> None:
         if capacity <= 0:
             raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
         if block_size <= 0 or not specs:
@@ -38,8 +49,11 @@ class PagedKVCache:
         if len(types) != 1:
             raise ValueError(f"cache inputs of mixed element types {sorted(types)}")
         self.precision = types.pop()
+        sizes = {s.name: self.num_blocks for s in specs} | dict(blocks or {})
+        if min(sizes.values()) < 1:
+            raise ValueError(f"every cache tensor needs >= 1 block, got {sizes}")
         self.tensors = {
-            s.name: ov.Tensor(s.element_type, [self.num_blocks, *s.block_shape]) for s in specs
+            s.name: ov.Tensor(s.element_type, [sizes[s.name], *s.block_shape]) for s in specs
         }
 
     @property
@@ -47,7 +61,9 @@ class PagedKVCache:
         return sum(t.byte_size for t in self.tensors.values())
 
     def bytes_per_token(self) -> int:
-        return self.bytes_allocated // (self.num_blocks * self.block_size)
+        """What one token's K and V take over all layers (whatever their block counts)."""
+        per_block = sum(t.byte_size // t.get_shape()[0] for t in self.tensors.values())
+        return per_block // self.block_size
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks that ``tokens`` cached tokens occupy."""

@@ -10,13 +10,17 @@ buffers.  One compiled model serves prefill chunks and generate steps over the s
 
 from __future__ import annotations
 
+import numpy as np
 import openvino as ov
+import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from .layout import ModelLayoutError
 from .transforms import lm_head_on_last
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
+# inputs of PagedAttentionExtension (OpenVINO's order)
+_BLOCK_INDICES, _SLIDING_WINDOW = 7, 10
 
 
 def cache_inputs(model: ov.Model | ov.CompiledModel) -> list[ov.Output]:
@@ -38,6 +42,84 @@ def make_paged(model: ov.Model, full_logits: bool = False) -> ov.Model:
     if not full_logits:
         _logits_for_last_token(model)
     return model
+
+
+def block_table_input(window: int | None) -> str:
+    """The block-table input of the layers with this attention window (None: full)."""
+    return "block_indices" if window is None else f"block_indices.{window}"
+
+
+def layer_windows(model: ov.Model) -> tuple[int | None, ...]:
+    """The attention window of every layer of a paged model (None: full attention).
+
+    OpenVINO's rewrite gives each ``PagedAttentionExtension`` its layer's window as input 10
+    (0: none), a constant expression; the layer is the one whose ``key_cache.{i}`` it reads.
+    """
+    windows: dict[int, int | None] = {}
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "PagedAttentionExtension":
+            continue
+        cache = node.input(3).get_source_output().get_node().get_friendly_name()
+        if not cache.startswith(CACHE_PREFIXES[0]):
+            raise ModelLayoutError(f"paged attention reads {cache!r}, not a key cache")
+        window = _constant_value(node.input(_SLIDING_WINDOW).get_source_output())
+        if window is None:
+            raise ModelLayoutError(
+                f"cannot read the sliding window of {cache}: not a constant expression"
+            )
+        windows[int(cache.removeprefix(CACHE_PREFIXES[0]))] = window or None
+    if sorted(windows) != list(range(len(windows))):
+        raise ModelLayoutError(f"paged attention layers {sorted(windows)} are not 0..N-1")
+    return tuple(windows[i] for i in range(len(windows)))
+
+
+def split_block_tables(model: ov.Model, capacity: int) -> tuple[int | None, ...]:
+    """Give the layers of each sliding window a block table of their own; return the windows.
+
+    The rewrite feeds one ``block_indices`` to every layer, so a windowed layer would keep the
+    blocks its window has left.  With a table per window (``block_table_input``) the block
+    manager can detach those blocks from the windowed layers alone.  A window of at least
+    ``capacity`` tokens cannot leave any and counts as full attention (None).  The full
+    table is removed when no layer reads it.
+    """
+    windows = tuple(None if w is None or w >= capacity else w for w in layer_windows(model))
+    shared = next(p for p in model.get_parameters() if p.get_friendly_name() == "block_indices")
+    tables: dict[int, ov.Node] = {}
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "PagedAttentionExtension":
+            continue
+        layer = node.input(3).get_source_output().get_node().get_friendly_name()
+        window = windows[int(layer.removeprefix(CACHE_PREFIXES[0]))]
+        if window is None:
+            continue
+        if window not in tables:
+            name = block_table_input(window)
+            tables[window] = ops.parameter([-1], ov.Type.i32, name=name)
+            tables[window].output(0).set_names({name})
+        node.input(_BLOCK_INDICES).replace_source_output(tables[window].output(0))
+    model.add_parameters(list(tables.values()))
+    if not shared.output(0).get_target_inputs():
+        model.remove_parameter(shared)
+    model.validate_nodes_and_infer_types()
+    return windows
+
+
+def _constant_value(output: ov.Output) -> int | None:
+    """The value of a scalar integer expression of constants (Convert, Squeeze, Multiply...)."""
+    node = output.get_node()
+    kind = node.get_type_name()
+    if kind == "Constant":
+        return int(np.asarray(node.get_data()).ravel()[0])
+    args = [_constant_value(i.get_source_output()) for i in node.inputs()]
+    if kind in ("Convert", "Squeeze", "Unsqueeze", "Reshape") and args[0] is not None:
+        return args[0]
+    if kind in ("Multiply", "Add", "Subtract") and None not in args[:2]:
+        a, b = args[0], args[1]
+        assert a is not None and b is not None
+        return a * b if kind == "Multiply" else a + b if kind == "Add" else a - b
+    if kind == "Negative" and args[0] is not None:
+        return -args[0]
+    return None
 
 
 def _logits_for_last_token(model: ov.Model) -> None:

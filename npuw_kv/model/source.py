@@ -141,27 +141,37 @@ def trained_context(ir_dir: Path) -> tuple[int, str] | None:
     return None
 
 
-def declared_window(model_dir: Path) -> int | None:
+def declared_window(model_dir: Path, capacity: int | None = None) -> int | None:
     """The sliding window the model's config declares for some layers (None: none declared).
 
-    ``config.json`` of a transformers export: ``layer_types`` names sliding layers where it is
-    given, else ``use_sliding_window`` says whether ``sliding_window`` applies (Qwen2), else a
-    ``sliding_window`` number means it does (Mistral).  A GGUF conversion records
-    ``<arch>.attention.sliding_window`` in its source info.
+    ``config.json`` of a transformers export (or its ``text_config``): ``layer_types`` names
+    sliding layers where it is given; else ``use_sliding_window`` says whether
+    ``sliding_window`` applies (Qwen2/3, where it is off unless set, and only from layer
+    ``max_window_layers`` on); else a ``sliding_window`` number means it does (Mistral).  A GGUF
+    conversion records ``<arch>.attention.sliding_window`` in its source info.  A window of at
+    least ``capacity`` tokens (the KV capacity) cannot change anything and reads as None.
     """
     for name in (SOURCE_INFO, "config.json"):
         path = model_dir / name
         if not path.is_file():
             continue
         config = json.loads(path.read_text())
+        config = config.get("text_config") or config
         window = config.get("sliding_window")
         if not isinstance(window, int) or window <= 0:
             continue
-        if "layer_types" in config and isinstance(config["layer_types"], list):
+        if capacity is not None and window >= capacity:
+            return None
+        if isinstance(config.get("layer_types"), list):
             if "sliding_attention" not in config["layer_types"]:
                 continue
-        elif config.get("use_sliding_window") is False:
-            continue
+        elif "use_sliding_window" in config or str(config.get("model_type")).startswith("qwen"):
+            layers = config.get("num_hidden_layers")
+            first = config.get("max_window_layers", 0)
+            if not config.get("use_sliding_window") or (
+                isinstance(layers, int) and isinstance(first, int) and first >= layers
+            ):
+                continue
         return window
     return None
 

@@ -57,7 +57,9 @@ def prepare(
 
     ``full_logits`` keeps the LM head on every position (C x vocab per chunk): only for
     measuring prompt perplexity, never for serving.  ``declared_window``: the sliding window
-    the model's config names (``source.declared_window``), checked against the graph.
+    the model's config names, if it is shorter than the KV capacity
+    (``source.declared_window``); a model whose graph has no window mask this rewrite knows is
+    then refused.
     """
     T.make_stateless(model)
     T.fix_gqa_broadcast(model)

@@ -14,19 +14,24 @@ written together, so everything reused is written as a fresh run writes it: whol
 (the partial one is rerun from its start), chunks that end where a fresh run's do, and on u8
 no block that generated tokens completed (written one token at a time).  A continuation then
 gives a fresh run's logits bit for bit.
+
+A sliding-window model's layers are grouped by window, each group with its own pool, block
+table input and cache tensors sized for that pool: a windowed layer holds the blocks its
+window reads, and the manager detaches the older ones from it alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 import openvino as ov
 
 from ..kv.blocks import BlockManagerConfig, KVBlockManager, PoolKind, uniform_layers
+from ..kv.blocks.sequence import blocks_for, min_live_blocks
 from ..kv.paged import PagedKVCache, PagedSpec
-from ..model.paged import cache_inputs
+from ..model.paged import CACHE_PREFIXES, block_table_input, cache_inputs
 from .engine import CapacityError
 
 
@@ -44,9 +49,12 @@ class PagedRunner:
         chunk: int,
         prefix_reuse: bool = False,
         prefix_cache_tokens: int = 0,
+        windows: Sequence[int | None] | None = None,
     ) -> None:
         """``capacity``: tokens one sequence may hold; ``prefix_cache_tokens``: room beyond it,
-        so that earlier prompts' blocks stay cached while a sequence of full length runs."""
+        so that earlier prompts' blocks stay cached while a sequence of full length runs.
+        ``windows``: the attention window of each layer (None: full; default all full), whose
+        block tables the model takes as ``block_table_input(window)``."""
         self.request = request
         self.capacity = capacity
         self.max_prompt_len = max_prompt_len
@@ -64,13 +72,36 @@ class PagedRunner:
         # V blocks are [heads, block_size, dims]; u8 K blocks carry extra scale rows
         values = [s for s in specs if s.name.startswith("value_cache.")]
         block_size = values[0].block_shape[1]
-        self.cache = PagedKVCache(specs, capacity + prefix_cache_tokens, block_size)
+        heads, _, dims = values[0].block_shape
+        windows = tuple(windows) if windows is not None else (None,) * len(values)
+        if len(windows) != len(values):
+            raise ValueError(f"{len(windows)} windows for {len(values)} cache layers")
+        self._layers = uniform_layers(windows, heads, dims)
+        room = capacity + prefix_cache_tokens
+        # manager key of each window (full attention: the capacity) -> primary blocks
+        self._pool_blocks = _pool_blocks(windows, capacity, room, block_size, chunk)
+        keys = [capacity if w is None else w for w in windows]
+        # each sliding window's tensors get one block more, kept zero: see _tables
+        extra = {key: 0 if key == capacity else 1 for key in self._pool_blocks}
+        sizes = {
+            f"{prefix}{layer}": self._pool_blocks[key] + extra[key]
+            for layer, key in enumerate(keys)
+            for prefix in CACHE_PREFIXES
+        }
+        self.cache = PagedKVCache(specs, room, block_size, sizes)
+        self._names = {  # manager key -> the cache tensors of its layers
+            key: [f"{p}{layer}" for layer, k in enumerate(keys) if k == key for p in CACHE_PREFIXES]
+            for key in self._pool_blocks
+        }
+        for key, names in self._names.items():
+            if extra[key]:
+                for name in names:
+                    self.cache.tensors[name].data[self._pool_blocks[key]] = 0
         for name, tensor in self.cache.tensors.items():
             request.set_tensor(name, tensor)
-        heads, _, dims = values[0].block_shape
-        self._layers = uniform_layers([None] * len(values), heads, dims)
+        self._inputs = {key: block_table_input(None if key == capacity else key) for key in keys}
         self.blocks = self._new_manager()
-        self._window = next(iter(self.blocks.windows))
+        self._window = max(self._pool_blocks)  # the longest window: reuse is bounded by it
         self._seq = 0  # id of the live sequence; 0: none yet
         self.reused_tokens = 0
         self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
@@ -81,29 +112,48 @@ class PagedRunner:
     def _new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
         size = self.cache.block_size
-        per_block = sum(2 * s.num_kv_heads * s.head_dim for s in self._layers) * size
+        windows = sorted(self._pool_blocks)
+        # bytes of one block of each window's layers (u8: the manager counts slots, not bytes)
+        block_bytes = {
+            w: sum(
+                2 * s.num_kv_heads * s.head_dim
+                for s in self._layers
+                if (s.window or self.capacity) == w
+            )
+            * size
+            for w in windows
+        }
+        # a budget and shares that give each window exactly its pool (half a block of slack
+        # against rounding)
+        parts = [(self._pool_blocks[w] + 0.5) * block_bytes[w] for w in windows]
         config = BlockManagerConfig(
             layers=self._layers,
             max_seq_len=self.capacity,
-            kv_budget_bytes=self.cache.num_blocks * per_block,
-            tokens_per_block=self.cache.block_size,
+            kv_budget_bytes=int(sum(parts)),
+            tokens_per_block=size,
             dtype="uint8",  # counts slots only: the manager holds no bytes
+            window_size_shares=[p / sum(parts) for p in parts] if len(windows) > 1 else None,
             # blocks are stored even while ``prefix_reuse`` is off, so turning it on finds them
             enable_reuse=True,
-            max_tokens=self.cache.num_blocks * size,
+            max_tokens=self._pool_blocks[windows[0]] * size if len(windows) == 1 else None,
             max_tokens_per_call=self.chunk,
         )
-        return KVBlockManager(config, env={}, copy_slots=self._copy_block)
+        manager = KVBlockManager(config, env={}, copy_slots=self._copy_block)
+        for w in windows:
+            if manager.groups[w].primary_blocks != self._pool_blocks[w]:
+                raise RuntimeError(f"window {w}: block manager pool differs from the cache")
+        return manager
 
     def _copy_block(
         self, window: int, src_pool: PoolKind, src: int, dst_pool: PoolKind, dst: int
     ) -> None:
-        """The manager moves a block's bytes: only for a prefix hit on a sliding-window layer's
-        block that a live sequence holds, which this full-attention path never has (and there
-        is no host pool: both slots are the device's).  Counted, should it ever happen."""
+        """The manager moves a block's bytes: for a prefix hit on a sliding-window layer's
+        block that a live sequence holds (there is no host pool: both slots are the
+        device's).  Counted."""
         if PoolKind.HOST in (src_pool, dst_pool):
             raise RuntimeError("the paged KV cache has no host pool")
-        for tensor in self.cache.tensors.values():
+        for name in self._names[window]:
+            tensor = self.cache.tensors[name]
             tensor.data[dst] = tensor.data[src]
             self.host_bytes_copied += tensor.data[dst].nbytes
 
@@ -126,10 +176,23 @@ class PagedRunner:
         return window.cached_blocks * self.cache.block_size
 
     # -- phases ------------------------------------------------------------------------------
+    def _tables(self, blocks: int) -> dict[str, np.ndarray]:
+        """Each window's block table for the first ``blocks`` blocks of the sequence.
+
+        A sliding-window layer's blocks before its window are detached (the manager gives
+        -1).  The kernel still reads a block for each table entry, and masks those outside
+        the window; so they point at the zero block after its pool (finite: weight 0).
+        """
+        tables = {}
+        for key, name in self._inputs.items():
+            table = np.array(self.blocks.block_table(self._seq, key)[:blocks], np.int32)
+            table[table < 0] = self._pool_blocks[key]
+            tables[name] = table
+        return tables
+
     def _infer(self, ids: np.ndarray, past: int) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
         blocks = self.cache.blocks_for(total)
-        table = self.blocks.block_table(self._seq, self._window)[:blocks]
         self.request.infer(
             {
                 "input_ids": ids,
@@ -137,8 +200,8 @@ class PagedRunner:
                 "past_lens": np.array([past], np.int32),
                 "subsequence_begins": np.array([0, n], np.int32),
                 "block_indices_begins": np.array([0, blocks], np.int32),
-                "block_indices": np.array(table, np.int32),
                 "max_context_len": np.array(total, np.int32),
+                **self._tables(blocks),
             }
         )
         logits = self.request.get_tensor("logits").data
@@ -213,3 +276,22 @@ class PagedRunner:
         self.blocks = self._new_manager()
         self.reused_tokens = 0
         self._dirty = False
+
+
+def _pool_blocks(
+    windows: Sequence[int | None], capacity: int, room: int, block_size: int, chunk: int
+) -> dict[int, int]:
+    """Blocks of each window's pool, keyed as the manager keys windows (full: ``capacity``).
+
+    Full attention: ``room`` tokens.  A sliding window: what one sequence needs at most (its
+    window plus a chunk, ``min_live_blocks``) plus the prefix-cache room, never more than full.
+    """
+    full = blocks_for(room, block_size)
+    pools = {}
+    for window in windows:
+        if window is None:
+            pools[capacity] = full
+        else:
+            need = min_live_blocks(capacity, window, block_size, chunk)
+            pools[window] = min(full, need + blocks_for(room - capacity, block_size))
+    return pools
