@@ -122,6 +122,23 @@ def test_paged_prefix_reuse_with_windows(swa):
     pipe.runner.blocks.check_invariants()
 
 
+def test_paged_chat_turn_reuses_a_sequence_longer_than_the_window_pool(swa):
+    """Without prefix-cache room: the first turn (80 tokens, three blocks) runs through a
+    two-block window pool, taking back its own detached block; its later blocks are still
+    stored, so the next turn starts from them."""
+    settings = {**SETTINGS, "max_prompt_len": 128}
+    pipe = LLMPipeline(swa[1], "CPU", **settings)
+    fresh = LLMPipeline(swa[1], "CPU", prefix_reuse=False, **settings)
+    first = _ids(70)
+    answer = pipe.generate(first, max_new_tokens=10, ignore_eos=True).tokens
+    follow = np.concatenate([first, answer, _ids(10) + 3])
+    ours = pipe.generate(follow, max_new_tokens=8, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 64
+    want = fresh.generate(follow, max_new_tokens=8, ignore_eos=True)
+    assert ours.tokens == want.tokens
+    np.testing.assert_array_equal(ours.first_logits, want.first_logits)
+
+
 def test_without_the_rewrite_the_static_path_leaves_the_window(swa, reference, monkeypatch):
     """The models above do exercise the window: with the masks left as exported, the
     static-shape path's generate step attends over the buffer's end and goes wrong."""

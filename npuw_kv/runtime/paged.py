@@ -101,7 +101,6 @@ class PagedRunner:
             request.set_tensor(name, tensor)
         self._inputs = {key: block_table_input(None if key == capacity else key) for key in keys}
         self.blocks = self._new_manager()
-        self._window = max(self._pool_blocks)  # the longest window: reuse is bounded by it
         self._seq = 0  # id of the live sequence; 0: none yet
         self.reused_tokens = 0
         self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
@@ -171,9 +170,10 @@ class PagedRunner:
     @property
     def cached_tokens(self) -> int:
         """Tokens in the reuse tree's blocks, over every cached prefix (the live sequence's
-        included); a later prompt can start from at most the longest of those prefixes."""
-        window = self.blocks.stats().windows[self._window]
-        return window.cached_blocks * self.cache.block_size
+        included); a later prompt can start from at most the longest of those prefixes.  With
+        sliding windows, the fewest over the windows (a hit needs every window)."""
+        windows = self.blocks.stats().windows
+        return min(windows[w].cached_blocks for w in self._pool_blocks) * self.cache.block_size
 
     # -- phases ------------------------------------------------------------------------------
     def _tables(self, blocks: int) -> dict[str, np.ndarray]:

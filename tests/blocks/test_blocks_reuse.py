@@ -42,8 +42,8 @@ def test_a_sequence_may_skip_reading_the_cache_and_still_stores_its_blocks() -> 
 
 def test_tokens_added_with_store_false_seal_the_sequence() -> None:
     """A runtime whose token-by-token blocks differ from a fresh prefill's (u8 KV) keeps them
-    out of the tree.  Full attention keeps the blocks stored before the seal; SWA groups, which
-    store a sequence when it ends, store none of it."""
+    out of the tree.  Both kinds of group store the blocks complete before the seal: full
+    attention as they fill, SWA when the sequence ends."""
     mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2, max_tokens_per_call=8)
     mgr.add_sequence("a", [1, 2, 3, 4, 5])  # full blocks [1, 2] [3, 4] stored as they fill
     mgr.add_token("a", 6, store=False)  # completes [5, 6]: not stored
@@ -51,9 +51,25 @@ def test_tokens_added_with_store_false_seal_the_sequence() -> None:
     full = mgr.windows[16]
     assert full.tree is not None and full.tree.cached_blocks == 2
     mgr.remove_sequence("a")
-    assert mgr.windows[4].tree is not None and mgr.windows[4].tree.cached_blocks == 0  # SWA
+    assert mgr.windows[4].tree is not None and mgr.windows[4].tree.cached_blocks == 2  # SWA
     hit = mgr.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    assert hit.per_window[16] == 4 and hit.hit_tokens == 0  # the SWA group stored nothing
+    assert hit.per_window == {4: 4, 16: 4} and hit.hit_tokens == 4  # nothing after the seal
+    mgr.check_invariants()
+
+
+def test_a_sequence_that_takes_back_its_own_detached_block_still_stores_its_tail() -> None:
+    """Getting one's own detached block back costs only that slot: the blocks after it are
+    still stored, so a longer prompt can start from the sequence's end."""
+    mgr = _swa_tight()
+    tokens = list(range(1, 17))  # 8 blocks of 2 through an SWA-4 pool of 4
+    mgr.add_sequence("a", tokens[:4])
+    for start in range(4, 16, 4):
+        mgr.add_tokens("a", tokens[start : start + 4])
+    wm = mgr.windows[4]
+    assert wm.seqs[0].storable and wm.counters.invalidated_sequences == 0
+    mgr.remove_sequence("a")
+    hit = mgr.lookup([*tokens, 99])
+    assert hit.per_window[4] == 16 and hit.hit_tokens == 16  # the trailing blocks were kept
     mgr.check_invariants()
 
 

@@ -181,9 +181,9 @@ class KVBlockManager:
         """Append generated (or further prompt) tokens to a live sequence.
 
         ``store=False``: these tokens' blocks, and every later one of the sequence, stay out of
-        the reuse tree (SWA groups, which store a sequence when it ends, store none of it); for
-        a runtime whose blocks would differ from a fresh prefill's (u8 KV
-        blocks written one token at a time get other quantisation scales).
+        the reuse tree (the blocks complete before the call are still stored, by SWA groups
+        when the sequence ends); for a runtime whose blocks would differ from a fresh
+        prefill's (u8 KV blocks written one token at a time get other quantisation scales).
         """
         seq = self._get(seq_id)
         new = _as_tokens(tokens)

@@ -87,9 +87,12 @@ class SeqBlocks:
     gens: list[int] = field(default_factory=list)
     #: index of the first live block; slots before it are detached (or never claimed)
     first_live: int = 0
-    #: False once another allocation overwrote one of its blocks (SWA: never stored then), or
-    #: once the runtime said its next blocks are not worth caching (``add_tokens(store=False)``)
+    #: False once another sequence's allocation overwrote one of its blocks (SWA: never stored
+    #: then)
     storable: bool = True
+    #: blocks before this index may be stored; set when the runtime says the sequence's next
+    #: blocks are not worth caching (``add_tokens(store=False)``); None: no limit
+    store_upto: int | None = None
     #: full-attention groups store while filling: depth stored so far and the node there
     stored_depth: int = 0
     stored_node: TreeNode | None = None
@@ -102,6 +105,12 @@ class SeqBlocks:
         else:
             self.table[index] = block
             self.gens[index] = block.gen
+
+    def storable_upto(self, n_blocks: int) -> int:
+        """How many of the first ``n_blocks`` blocks may be stored (0 when invalidated)."""
+        if not self.storable:
+            return 0
+        return n_blocks if self.store_upto is None else min(n_blocks, self.store_upto)
 
     def holds_bytes(self, index: int) -> bool:
         """True while slot ``index`` still has the bytes this sequence wrote or claimed."""

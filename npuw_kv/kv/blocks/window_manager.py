@@ -15,7 +15,8 @@ Choices where issue 4 is silent:
 - An SWA hit claims only the trailing ``ceil((window-1)/tpb)`` blocks before the hit point; the
   blocks before them are never read, so their slots start out detached.
 - The owner of a block (``last_owner``) is invalidated when the block is handed out again to
-  another sequence: its bytes are overwritten, so the owner's chain can no longer be stored
+  another sequence (not when it gets its own detached block back: then only that slot is
+  lost): its bytes are overwritten, so the owner's chain can no longer be stored
   whole. Claiming a cached block does not invalidate (bytes intact). ``last_owner`` alone is
   not enough to decide what a sequence may store, though: a claim moves it without telling the
   previous holder, and the owner may get its own detached block back at a new position. So
@@ -192,19 +193,21 @@ class WindowManager:
     def extend(self, serial: int, tokens: Sequence[int], n_old: int, store: bool = True) -> None:
         """Append ``tokens[n_old:]`` (``tokens`` is the whole sequence).
 
-        ``store=False`` seals the sequence: no block from here on is stored for reuse.
+        ``store=False`` seals the sequence: no block from here on is stored for reuse (the
+        blocks complete before it still are).
         """
         seq = self.seqs[serial]
-        if not store:
-            seq.storable = False
+        if not store and seq.store_upto is None:
+            seq.store_upto = n_old // self.tpb
         self._grow(seq, tokens, n_old, len(tokens))
 
     def remove(self, serial: int, tokens: Sequence[int]) -> None:
         """End a sequence: store its chain (SWA, if intact), release its blocks."""
         seq = self.seqs[serial]
         swa = self.group.is_swa
-        if self.tree is not None and swa and seq.storable:
-            self._store_chain(seq, tokens, self.tree.root, 0, len(tokens) // self.tpb)
+        upto = seq.storable_upto(len(tokens) // self.tpb)
+        if self.tree is not None and swa and upto:
+            self._store_chain(seq, tokens, self.tree.root, 0, upto)
         # Full attention: the tail goes first into the LRU queue, so it is evicted first and
         # a cached chain shrinks from its end (evicting its first block would cut every block
         # after it from the tree).  SWA: a deep hit needs only the blocks just before it, so
@@ -237,8 +240,9 @@ class WindowManager:
             block.priority = seq.priorities.for_block(idx)
             seq.put(idx, block)
             self.counters.allocated_blocks += 1
-        if self.tree is not None and not self.group.is_swa and seq.storable:
-            self._store_full(seq, tokens, n_to // self.tpb)
+        upto = seq.storable_upto(n_to // self.tpb)
+        if self.tree is not None and not self.group.is_swa and upto:
+            self._store_full(seq, tokens, upto)
 
     def _detach_upto(self, seq: SeqBlocks, n_tokens: int) -> None:
         target = detached_after(n_tokens, self.window, self.tpb, seq.first_live)
@@ -261,7 +265,7 @@ class WindowManager:
             not final
             and self.tree is not None
             and self.group.is_swa
-            and seq.storable
+            and idx < seq.storable_upto(idx + 1)
             and seq.holds_bytes(idx)
         )
         self.pools[block.pool].queue.push(block, block.priority if keep else EMPTY_LEVEL)
@@ -288,9 +292,9 @@ class WindowManager:
                 victim = empty
             else:
                 self.host.queue.push(empty, EMPTY_LEVEL)
-                self._reset(victim)
+                self._reset(victim, serial)
         else:
-            self._reset(victim)
+            self._reset(victim, serial)
         victim.last_owner = serial
         victim.gen += 1  # its bytes are about to be overwritten: older table slots go stale
         victim.position = index
@@ -303,15 +307,19 @@ class WindowManager:
         owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
         return owner is not None and owner.storable and self.tree is not None
 
-    def _reset(self, block: KVBlock) -> None:
-        """Forget what ``block`` held: drop it from the tree, invalidate its last owner."""
+    def _reset(self, block: KVBlock, taker: int | None = None) -> None:
+        """Forget what ``block`` held: drop it from the tree, invalidate its last owner.
+
+        Not when the owner is the ``taker``: a sequence that gets its own detached block back
+        loses only that slot's bytes (``holds_bytes``), and its later blocks can still be stored.
+        """
         if block.node is not None:
             assert self.tree is not None
             for lost in self.tree.evict(block):
                 if lost.queue_level is not None and lost.queue_level != EMPTY_LEVEL:
                     self.pools[lost.pool].queue.requeue(lost, EMPTY_LEVEL)
         owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
-        if owner is not None and owner.storable and self.group.is_swa:
+        if owner is not None and owner.storable and self.group.is_swa and owner.serial != taker:
             owner.storable = False
             self.counters.invalidated_sequences += 1
         block.last_owner = None
