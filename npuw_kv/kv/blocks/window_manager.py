@@ -202,7 +202,8 @@ class WindowManager:
         self._grow(seq, tokens, n_old, len(tokens))
 
     def remove(self, serial: int, tokens: Sequence[int]) -> None:
-        """End a sequence: store its chain (SWA, if intact), release its blocks."""
+        """End a sequence: store its chain (SWA: the slots that still hold their bytes, unless
+        another sequence took one), release its blocks."""
         seq = self.seqs[serial]
         swa = self.group.is_swa
         upto = seq.storable_upto(len(tokens) // self.tpb)
@@ -305,7 +306,13 @@ class WindowManager:
         if block.node is not None:
             return True
         owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
-        return owner is not None and owner.storable and self.tree is not None
+        index = block.position
+        return (
+            owner is not None
+            and index is not None
+            and index < owner.storable_upto(index + 1)
+            and self.tree is not None
+        )
 
     def _reset(self, block: KVBlock, taker: int | None = None) -> None:
         """Forget what ``block`` held: drop it from the tree, invalidate its last owner.
