@@ -164,10 +164,11 @@ class PipelineConfig:
                 f"prefix_cache_tokens (PREFIX_CACHE_TOKENS) must be >= 0, "
                 f"got {self.prefix_cache_tokens}"
             )
-        if self.prefix_cache_tokens and not self.paged:
+        if self.prefix_cache_tokens and not self.paged and self.prefix_cache_tokens < 32:
             raise ValueError(
-                "prefix_cache_tokens (PREFIX_CACHE_TOKENS) needs attention_backend "
-                "(ATTENTION_BACKEND) 'pa' on CPU: the static-shape cache holds one sequence"
+                "prefix_cache_tokens (PREFIX_CACHE_TOKENS) on the static-shape path is a host "
+                f"store of whole blocks of 32 tokens: give 0 or at least 32, got "
+                f"{self.prefix_cache_tokens}"
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")

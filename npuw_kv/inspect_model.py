@@ -10,6 +10,7 @@ from .config import PipelineConfig
 from .model.source import declared_window, resolve_model, trained_context
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import paged_kv_precision, resolve_kv_precision
+from .runtime.prefix_store import TOKENS_PER_BLOCK
 
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
@@ -65,4 +66,11 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         f"KV cache         {kv_slots} slots x {per_token} B/token"
         f" = {kv_slots * per_token / 2**20:.1f} MiB",
     ]
+    if cfg.prefix_cache_tokens:
+        stored = cfg.prefix_cache_tokens // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+        lines.append(
+            f"prefix store     {stored} tokens of earlier prompts on the host"
+            f" (+ {TOKENS_PER_BLOCK} for restores) = "
+            f"{(stored + TOKENS_PER_BLOCK) * per_token / 2**20:.1f} MiB"
+        )
     return "\n".join(lines)

@@ -136,13 +136,16 @@ class LLMPipeline:
                 warnings.warn(
                     f"PagedAttention did not compile ({exc}); running the static-shape path "
                     "(attention_backend='sdpa')"
-                    + (", where prefix_cache_tokens does not apply" if room else ""),
+                    + (", where prefix_cache_tokens is a host store" if room else ""),
                     RuntimeWarning,
                     stacklevel=3,
                 )
                 ir = read_ir(self.core, self.model_dir)  # the rewrite above was in place
+                # a room too small for one block of the host store is dropped, not refused
                 self.config = config = replace(
-                    config, attention_backend="sdpa", prefix_cache_tokens=0
+                    config,
+                    attention_backend="sdpa",
+                    prefix_cache_tokens=room if room >= 32 else 0,
                 )
             else:
                 self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
@@ -174,7 +177,12 @@ class LLMPipeline:
         return self._allocate(
             kv_capacity,
             lambda: StaticRunner(
-                requests, layout, self.shapes, config.kv_binding, config.prefix_reuse
+                requests,
+                layout,
+                self.shapes,
+                config.kv_binding,
+                config.prefix_reuse,
+                config.prefix_cache_tokens,
             ),
         )
 

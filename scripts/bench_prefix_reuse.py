@@ -5,13 +5,15 @@
    prompt's whole blocks, not the one the answer completed (written token by token).
 2. Back to an earlier document: a question on document A (400 tokens), then one on document
    B, then another on A.  On the PagedAttention path (the CPU default) the block manager still
-   holds A's blocks after B; the static-shape path keeps only the last prompt, so A runs cold.
+   holds A's blocks after B; the static-shape path keeps only the last prompt in its slots, so
+   A runs cold unless ``--prefix-cache-tokens`` gives it a host store to copy A's blocks back
+   from.
 
 Each timed prompt runs twice in the same pipeline: with ``prefix_reuse`` (only the rest runs)
 and without it (every chunk).  Best of 3 after a warm-up; both sides in one process, so compare
 the ratios.
 
-    python scripts/bench_prefix_reuse.py [--attention pa|sdpa]
+    python scripts/bench_prefix_reuse.py [--attention pa|sdpa] [--prefix-cache-tokens N]
 """
 
 from __future__ import annotations
@@ -50,8 +52,14 @@ def record(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attention", default="auto", choices=["auto", "pa", "sdpa"])
+    parser.add_argument("--prefix-cache-tokens", type=int, default=0)
     args = parser.parse_args()
-    pipe = LLMPipeline(None, "CPU", attention_backend=args.attention)
+    pipe = LLMPipeline(
+        None,
+        "CPU",
+        attention_backend=args.attention,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+    )
     text = prompt_ids(pipe.tokenizer, 2 * FIRST + 100 + NEW)
     question = text[-NEW:]
     doc_a, doc_b = text[:FIRST], text[FIRST : 2 * FIRST]

@@ -6,10 +6,13 @@ every earlier prompt's KV blocks until the space is needed, so from the second q
 prompt runs only the tokens after its document.  Each answer is streamed, followed by how many
 prompt tokens came from the cache and the time to the first token.
 
-    python scripts/demo_documents.py [--attention pa|sdpa] [--model DIR_OR_GGUF]
+    python scripts/demo_documents.py [--attention pa|sdpa] [--model DIR_OR_GGUF] \
+        [--prefix-cache-tokens N]
 
-With ``--attention sdpa`` (the static-shape path, which keeps only the last prompt) the
-document is recomputed whenever the other one was asked about in between.
+With ``--attention sdpa`` (the static-shape path) the last prompt stays in its slots and the
+earlier ones' blocks go to a host store, from which a document's blocks are copied back;
+``--prefix-cache-tokens 0`` turns the store off, and then a document is recomputed whenever
+the other one was asked about in between.
 """
 
 from __future__ import annotations
@@ -34,11 +37,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attention", default="auto", choices=["auto", "pa", "sdpa"])
     parser.add_argument("--model", default=None, help="IR directory or GGUF (default: SmolLM2)")
+    parser.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=None,
+        help="KV room for earlier prompts (default: 1024 paged, 2048 sdpa)",
+    )
     args = parser.parse_args()
-    # room beyond one sequence's MAX_PROMPT_LEN + MIN_RESPONSE_LEN tokens, so that both
-    # documents (~1000 and ~340 tokens) stay cached (the static-shape path has no such room)
-    room = {} if args.attention == "sdpa" else {"prefix_cache_tokens": 1024}
-    pipe = LLMPipeline(args.model, "CPU", attention_backend=args.attention, **room)
+    # room for earlier prompts, so that both documents (~1000 and ~340 tokens) stay cached:
+    # beyond one sequence's MAX_PROMPT_LEN + MIN_RESPONSE_LEN tokens in the paged cache; on the
+    # static-shape path a host store for both, since the slots hold only the last prompt
+    room = args.prefix_cache_tokens
+    if room is None:
+        room = 2048 if args.attention == "sdpa" else 1024
+    pipe = LLMPipeline(
+        args.model, "CPU", attention_backend=args.attention, prefix_cache_tokens=room
+    )
     documents = {"json": inspect.getdoc(json) or "", "inspect": inspect.getdoc(inspect) or ""}
     print(f"attention backend: {pipe.kv_stats()['kv_binding']}\n")
     for name, question in QUESTIONS:

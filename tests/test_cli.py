@@ -29,6 +29,12 @@ def test_inspect_prints_layout_and_shapes(capsys):
     out = capsys.readouterr().out
     assert "input_ids [1,128]  attention_mask [1,384]  past [1,3,256,64]" in out
     assert "attention_mask [1,512]" in out  # generate: 384 + 128
+    assert "prefix store" not in out
+    argv += ["--attention", "sdpa"]
+    assert main(argv) == 0  # PREFIX_CACHE_TOKENS=64: two blocks on the host, one for restores
+    assert "prefix store     64 tokens of earlier prompts on the host (+ 32" in (
+        capsys.readouterr().out
+    )
 
 
 def test_generate_streams_text(capsys):

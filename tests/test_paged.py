@@ -138,7 +138,7 @@ def test_auto_falls_back_to_the_static_path_when_paged_attention_does_not_compil
     smol_dir, text_ids, monkeypatch
 ):
     """A CPU the plugin has no paged kernel for: ``auto`` warns and runs the static-shape path,
-    dropping the prefix-cache room that only the paged path has."""
+    where the prefix-cache room becomes its host store."""
     import npuw_kv.pipeline as pipeline_module
 
     def refuse(*args: object, **kwargs: object) -> None:
@@ -147,7 +147,8 @@ def test_auto_falls_back_to_the_static_path_when_paged_attention_does_not_compil
     monkeypatch.setattr(pipeline_module, "compile_paged", refuse)
     with pytest.warns(RuntimeWarning, match="PagedAttention did not compile.*prefix_cache_tokens"):
         pipe = LLMPipeline(smol_dir, "CPU", prefix_cache_tokens=64, **SHAPES)
-    assert not pipe.config.paged and pipe.config.prefix_cache_tokens == 0
+    assert not pipe.config.paged and pipe.config.prefix_cache_tokens == 64
+    assert pipe.runner.prefix_store is not None and pipe.runner.prefix_store.capacity == 64
     assert pipe.kv_stats()["kv_binding"] == "roi"
     assert len(pipe.generate(text_ids(40), max_new_tokens=3, ignore_eos=True).tokens) == 3
     with pytest.raises(CompileError, match="no PagedAttention kernel"):  # asked for by name
@@ -203,8 +204,8 @@ def test_full_prefill_logits_give_every_row(smol_dir, text_ids):
         ({"attention_backend": "pa", "kv_binding": "copy"}, "kv_binding='copy'"),
         ({"attention_backend": "sdpa", "kv_precision": "u8"}, "'u8' needs attention_backend"),
         ({"attention_backend": "flash"}, r"attention_backend \(ATTENTION_BACKEND\) 'flash'"),
-        ({"attention_backend": "sdpa", "prefix_cache_tokens": 64}, "PREFIX_CACHE_TOKENS.*'pa'"),
-        ({"device": "NPU", "PREFIX_CACHE_TOKENS": 64}, "PREFIX_CACHE_TOKENS.*'pa'"),
+        ({"attention_backend": "sdpa", "prefix_cache_tokens": 16}, "PREFIX_CACHE_TOKENS.*32"),
+        ({"device": "NPU", "PREFIX_CACHE_TOKENS": 31}, "PREFIX_CACHE_TOKENS.*at least 32"),
         ({"prefix_cache_tokens": -1}, r"prefix_cache_tokens \(PREFIX_CACHE_TOKENS\) must be >= 0"),
     ],
 )

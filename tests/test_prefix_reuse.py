@@ -85,3 +85,47 @@ def test_a_continuation_may_run_chunks_anywhere_in_the_cache(smol_dir, text_ids)
         reused = pipe.generate(ids, max_new_tokens=4, ignore_eos=True)  # ends at slot 812
         assert pipe.kv_stats()["reused_tokens"] == 300, device
         assert reused.tokens == _fresh(pipe, ids, 4).tokens, device
+
+
+@pytest.mark.parametrize(
+    ("device", "extra"),
+    [("CPU", {"attention_backend": "sdpa"}), ("CPU", {"kv_binding": "copy"}), ("NPU", {})],
+)
+def test_host_prefix_store_brings_back_an_earlier_prompt(smol_dir, text_ids, device, extra):
+    """With ``prefix_cache_tokens`` the static-shape path keeps earlier prompts' whole blocks
+    on the host: a question on document A after one on document B starts from A's blocks,
+    copied back into the slots, and gives the fresh prefill's result."""
+    pipe = make_pipe(smol_dir, device, prefix_cache_tokens=1024, **extra)
+    store = pipe.runner.prefix_store
+    doc_a, doc_b = text_ids(300), text_ids(1000)[600:900]
+    pipe.generate(doc_a, max_new_tokens=16, ignore_eos=True)
+    pipe.generate(doc_b, max_new_tokens=4, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 0  # B shares nothing with A
+    # A and its 15 fed answer tokens: 315 tokens, 9 whole blocks of 32, are in the store
+    assert store.cached_tokens >= 288
+
+    question = np.array([*doc_a, *text_ids(1000)[900:1000]], np.int64)
+    ours = pipe.generate(question, max_new_tokens=16, ignore_eos=True)
+    assert pipe.kv_stats()["reused_tokens"] == 288  # one chunk to run instead of two
+    assert pipe.kv_stats()["host_bytes_copied"] > 0  # the blocks came back through the host
+    fresh = _fresh(pipe, question, 16)
+    assert ours.tokens == fresh.tokens
+    assert np.abs(ours.first_logits - fresh.first_logits).max() < 1e-4
+
+
+def test_host_prefix_store_stays_within_its_room(smol_dir, text_ids):
+    """The store holds whole blocks up to its room; older prefixes are evicted (LRU)."""
+    pipe = make_pipe(smol_dir, "CPU", attention_backend="sdpa", prefix_cache_tokens=100)
+    store = pipe.runner.prefix_store
+    # 96 tokens of prefixes, and one block for the partial block a restore claims
+    assert store.capacity == 96 and store.nbytes == 128 * pipe.kv_stats()["kv_bytes_per_token"]
+    prompts = [text_ids(1000)[start : start + 150] for start in (0, 200, 400)]
+    for ids in prompts:
+        pipe.generate(ids, max_new_tokens=2, ignore_eos=True)
+    # each prompt is stored when the next one starts, its first 96 tokens at most: the
+    # second prompt's three blocks pushed out the first's last two (a chain shrinks from its
+    # end); the third is still in its slots only
+    assert store.cached_tokens == 128
+    assert store.lookup(prompts[1]) == 96 and store.lookup(prompts[0]) == 32
+    assert store.lookup(prompts[2]) == 0
+    store.blocks.check_invariants()

@@ -19,6 +19,7 @@ from ..model.variants import StaticShapes
 from .binding import BoundPort, KVBinding
 from .compile import Requests
 from .plan import PromptPlan, StepInputs, generate_inputs, prefill_inputs
+from .prefix_store import HostPrefixCache
 
 
 class CapacityError(ValueError):
@@ -55,7 +56,10 @@ class StaticRunner:
         shapes: StaticShapes,
         kv_binding: str,
         prefix_reuse: bool = True,
+        prefix_cache_tokens: int = 0,
     ) -> None:
+        """``prefix_cache_tokens``: room of the host store for earlier prompts' prefixes
+        (:mod:`.prefix_store`); 0: only the last sequence is reused."""
         self.requests = requests
         self.layout = layout
         self.shapes = shapes
@@ -91,6 +95,11 @@ class StaticRunner:
         self.prefix_reuse = prefix_reuse
         self._cached: list[int] = []  # token ids whose KV sits in slots [first_slot, ...)
         self.reused_tokens = 0  # of the last prompt, taken from the cache instead of run
+        self.prefix_store = (
+            HostPrefixCache(self.cache, layout, prefix_cache_tokens, self.copied)
+            if prefix_cache_tokens
+            else None
+        )
 
     def _bind(self, ports: list[BoundPort], mode: str) -> None:
         shapes = self.shapes
@@ -119,8 +128,11 @@ class StaticRunner:
 
     @property
     def cached_tokens(self) -> int:
-        """Tokens the cache keeps for reuse: only the last sequence's, in its slots."""
-        return len(self._cached)
+        """Tokens the cache keeps for reuse: the last sequence's, in its slots, or, with a
+        prefix store, those in its blocks if more (the last sequence joins them at the next
+        prompt)."""
+        stored = self.prefix_store.cached_tokens if self.prefix_store is not None else 0
+        return max(len(self._cached), stored)
 
     @property
     def shared_weights(self) -> bool:
@@ -154,9 +166,14 @@ class StaticRunner:
         ids = np.asarray(ids, np.int64).reshape(-1)
         if ids.size > self.shapes.max_prompt_len:
             raise CapacityError.prompt(ids.size, self.shapes.max_prompt_len)
-        plan = self._plan(ids)
-        self._cached = []  # a failure part-way leaves the cache in no state to reuse
         self.copied.reset()
+        if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
+            self.prefix_store.save(self._cached, self._first_slot)
+        plan, restore = self._plan(ids)
+        self._cached = []  # a failure part-way leaves the cache in no state to reuse
+        if restore:
+            assert self.prefix_store is not None
+            self.prefix_store.restore(ids, plan.cached, plan.pad)
         self.prefill_binding.reset()
         self.generate_binding.reset()
         logits = np.empty((1, 0), np.float32)
@@ -180,23 +197,34 @@ class StaticRunner:
         self._at_switch = True
         return logits[-1].copy()
 
-    def _plan(self, ids: np.ndarray) -> PromptPlan:
-        """A fresh plan, or a continuation after the longest prefix whose KV is still cached.
+    def _plan(self, ids: np.ndarray) -> tuple[PromptPlan, bool]:
+        """The plan that runs the fewest chunks, and whether it restores from the store.
 
-        A continuation keeps the cached tokens' slots, so it must end inside the prompt part
-        of the cache.
+        A fresh plan; a continuation after the longest prefix whose KV is still in its slots
+        (it keeps them, so it must end inside the prompt part of the cache); or, with a prefix
+        store, the longest prefix it holds, copied into slots placed so that the rest ends on
+        the chunk grid.  Ties go to the plan that copies least.
         """
-        fresh = PromptPlan(int(ids.size), self.shapes.chunk)
-        common = shared_prefix(self._cached, ids) if self.prefix_reuse else 0
-        if common == 0:
-            return fresh
-        try:
-            plan = PromptPlan(int(ids.size), self.shapes.chunk, self._first_slot, common)
-        except ValueError:  # its first chunk would start before slot 0
-            return fresh
-        if plan.padded_len > self.shapes.max_prompt_len or plan.num_chunks >= fresh.num_chunks:
-            return fresh
-        return plan
+        n, chunk = int(ids.size), self.shapes.chunk
+        best = PromptPlan(n, chunk)
+        restore = False
+        if not self.prefix_reuse:
+            return best, restore
+        common = shared_prefix(self._cached, ids)
+        if common:
+            try:
+                plan = PromptPlan(n, chunk, self._first_slot, common)
+            except ValueError:  # its first chunk would start before slot 0
+                plan = best
+            if plan.padded_len <= self.shapes.max_prompt_len and plan.num_chunks < best.num_chunks:
+                best = plan
+        hit = self.prefix_store.lookup(ids) if self.prefix_store is not None else 0
+        if hit:
+            chunks = -(-(n - hit) // chunk)
+            plan = PromptPlan(n, chunk, max(0, chunks * chunk - n), hit)
+            if plan.num_chunks < best.num_chunks:
+                best, restore = plan, True
+        return best, restore
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
