@@ -128,11 +128,11 @@ class StaticRunner:
 
     @property
     def cached_tokens(self) -> int:
-        """Tokens the cache keeps for reuse: the last sequence's, in its slots, or, with a
-        prefix store, those in its blocks if more (the last sequence joins them at the next
-        prompt)."""
+        """Tokens whose KV is kept for reuse: the last sequence's, in its slots, plus those in
+        the prefix store's blocks (the last sequence joins them at the next prompt; the store
+        is filled even while ``prefix_reuse`` is off, so turning it on finds them)."""
         stored = self.prefix_store.cached_tokens if self.prefix_store is not None else 0
-        return max(len(self._cached), stored)
+        return len(self._cached) + stored
 
     @property
     def shared_weights(self) -> bool:

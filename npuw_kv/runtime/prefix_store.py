@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..kv.blocks import BlockManagerConfig, KVBlockManager, uniform_layers
+from ..kv.blocks import BlockManagerConfig, KVBlockManager, LayerSpec
 from ..kv.cache import SharedKVCache
 from ..kv.copy import CopyCounter
 from ..model.layout import KVLayout
@@ -40,16 +40,25 @@ class HostPrefixCache:
                 f"prefix_cache_tokens={tokens} holds no block of {tpb} tokens; give at least {tpb}"
             )
         self.cache = cache
-        # (K buffer, V buffer) of every layer, in layer order
-        keys = {p.layer: p.input_name for p in layout.ports if p.kind == "key"}
-        values = {p.layer: p.input_name for p in layout.ports if p.kind == "value"}
-        self._layers = [(keys[i], values[i]) for i in sorted(keys)]
-        per_token = 2 * layout.num_kv_heads * layout.head_dim * cache.dtype.itemsize
+        # (K buffer, V buffer) of every layer, in layer order, and its shape
+        keys = {p.layer: p for p in layout.ports if p.kind == "key"}
+        values = {p.layer: p for p in layout.ports if p.kind == "value"}
+        specs = []
+        for i in sorted(keys):
+            k, v = keys[i], values[i]
+            if (k.num_heads, k.head_dim) != (v.num_heads, v.head_dim):
+                raise ValueError(
+                    f"layer {i}: K and V differ in shape; prefix_cache_tokens on the static-shape "
+                    "path needs them alike (set it to 0)"
+                )
+            specs.append(LayerSpec(None, k.num_heads, k.head_dim))
+        self._layers = [(keys[i].input_name, values[i].input_name) for i in sorted(keys)]
+        per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs) * cache.dtype.itemsize
         slots = self.capacity + tpb
         config = BlockManagerConfig(
-            layers=uniform_layers([None] * len(self._layers), layout.num_kv_heads, layout.head_dim),
+            layers=specs,
             max_seq_len=slots,
-            kv_budget_bytes=slots * per_token * len(self._layers),
+            kv_budget_bytes=slots * per_token,
             tokens_per_block=tpb,
             dtype=cache.dtype.name,
             max_tokens=slots,
@@ -80,6 +89,10 @@ class HostPrefixCache:
         if len(tokens) < TOKENS_PER_BLOCK:
             return
         tokens = tokens[: len(tokens) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK]
+        # all stored already (a hit leaves one token over, so ask with one more): nothing to
+        # copy, and no slot taken from another prefix for a block the tree has
+        if self.blocks.lookup([*tokens, -1]).hit_tokens == len(tokens):
+            return
         self._seq += 1
         reused = self.blocks.add_sequence(self._seq, tokens)
         try:
