@@ -26,7 +26,6 @@ import openvino.opset13 as ops
 
 from .layout import KVLayout, ModelLayoutError
 
-_PAST_KEY = "past_key_values.{}.key"
 _WALK_LIMIT = 400  # nodes visited per search: masks and K inputs sit within a few dozen
 
 
