@@ -16,6 +16,8 @@ KV_PRECISIONS = ("auto", "f32", "f16", "bf16", "u8")
 KV_BINDINGS = ("roi", "copy")
 ATTENTION_BACKENDS = ("auto", "sdpa", "pa")
 GGUF_ZERO_POINTS = ("genai", "exact")
+# tokens per block of the static-shape path's host prefix store (runtime/prefix_store.py)
+STORE_BLOCK_TOKENS = 32
 
 # alias (upper case) -> field name
 _ALIASES: dict[str, str] = {
@@ -164,11 +166,12 @@ class PipelineConfig:
                 f"prefix_cache_tokens (PREFIX_CACHE_TOKENS) must be >= 0, "
                 f"got {self.prefix_cache_tokens}"
             )
-        if self.prefix_cache_tokens and not self.paged and self.prefix_cache_tokens < 32:
+        room = self.prefix_cache_tokens
+        if room and not self.paged and room < STORE_BLOCK_TOKENS:
             raise ValueError(
                 "prefix_cache_tokens (PREFIX_CACHE_TOKENS) on the static-shape path is a host "
-                f"store of whole blocks of 32 tokens: give 0 or at least 32, got "
-                f"{self.prefix_cache_tokens}"
+                f"store of whole blocks of {STORE_BLOCK_TOKENS} tokens: give 0 or at least "
+                f"{STORE_BLOCK_TOKENS}, got {self.prefix_cache_tokens}"
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")

@@ -19,7 +19,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
-from .config import PipelineConfig
+from .config import STORE_BLOCK_TOKENS, PipelineConfig
 from .model.paged import make_paged, split_block_tables
 from .model.source import declared_window, resolve_model, trained_context
 from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
@@ -145,7 +145,7 @@ class LLMPipeline:
                 self.config = config = replace(
                     config,
                     attention_backend="sdpa",
-                    prefix_cache_tokens=room if room >= 32 else 0,
+                    prefix_cache_tokens=room if room >= STORE_BLOCK_TOKENS else 0,
                 )
             else:
                 self.vocab_size = _vocab(request.get_compiled_model().output("logits"))

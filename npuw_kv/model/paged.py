@@ -55,22 +55,31 @@ def layer_windows(model: ov.Model) -> tuple[int | None, ...]:
     OpenVINO's rewrite gives each ``PagedAttentionExtension`` its layer's window as input 10
     (0: none), a constant expression; the layer is the one whose ``key_cache.{i}`` it reads.
     """
-    windows: dict[int, int | None] = {}
+    windows: list[int | None] = []
+    for layer, node in _attention_by_layer(model):
+        window = _constant_value(node.input(_SLIDING_WINDOW).get_source_output())
+        if window is None:
+            raise ModelLayoutError(
+                f"cannot read the sliding window of layer {layer}: not a constant expression"
+            )
+        windows.append(window or None)
+    return tuple(windows)
+
+
+def _attention_by_layer(model: ov.Model) -> list[tuple[int, ov.Node]]:
+    """Each ``PagedAttentionExtension`` with its layer (the ``key_cache.{i}`` it reads), in
+    layer order; the layers must be 0..N-1."""
+    found = {}
     for node in model.get_ordered_ops():
         if node.get_type_name() != "PagedAttentionExtension":
             continue
         cache = node.input(3).get_source_output().get_node().get_friendly_name()
         if not cache.startswith(CACHE_PREFIXES[0]):
             raise ModelLayoutError(f"paged attention reads {cache!r}, not a key cache")
-        window = _constant_value(node.input(_SLIDING_WINDOW).get_source_output())
-        if window is None:
-            raise ModelLayoutError(
-                f"cannot read the sliding window of {cache}: not a constant expression"
-            )
-        windows[int(cache.removeprefix(CACHE_PREFIXES[0]))] = window or None
-    if sorted(windows) != list(range(len(windows))):
-        raise ModelLayoutError(f"paged attention layers {sorted(windows)} are not 0..N-1")
-    return tuple(windows[i] for i in range(len(windows)))
+        found[int(cache.removeprefix(CACHE_PREFIXES[0]))] = node
+    if sorted(found) != list(range(len(found))):
+        raise ModelLayoutError(f"paged attention layers {sorted(found)} are not 0..N-1")
+    return sorted(found.items())
 
 
 def split_block_tables(model: ov.Model, capacity: int) -> tuple[int | None, ...]:
@@ -85,11 +94,8 @@ def split_block_tables(model: ov.Model, capacity: int) -> tuple[int | None, ...]
     windows = tuple(None if w is None or w >= capacity else w for w in layer_windows(model))
     shared = next(p for p in model.get_parameters() if p.get_friendly_name() == "block_indices")
     tables: dict[int, ov.Node] = {}
-    for node in model.get_ordered_ops():
-        if node.get_type_name() != "PagedAttentionExtension":
-            continue
-        layer = node.input(3).get_source_output().get_node().get_friendly_name()
-        window = windows[int(layer.removeprefix(CACHE_PREFIXES[0]))]
+    for layer, node in _attention_by_layer(model):
+        window = windows[layer]
         if window is None:
             continue
         if window not in tables:

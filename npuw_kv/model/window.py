@@ -86,13 +86,13 @@ def _as_window_compare(node: ov.Node) -> WindowCompare | None:
     return WindowCompare(node, const)
 
 
-def _layer_of(sdpa: ov.Node) -> int | None:
-    """The layer whose past keys reach this attention's K input."""
+def _layer_of(sdpa: ov.Node, key_layers: dict[str, int]) -> int | None:
+    """The layer whose past keys (input name -> layer) reach this attention's K input."""
     for node in _ancestors(sdpa.input(1).get_source_output()):
         if node.get_type_name() == "Parameter":
             for name in node.output(0).get_names() | {node.get_friendly_name()}:
-                if name.startswith("past_key_values.") and name.endswith(".key"):
-                    return int(name.split(".")[1])
+                if name in key_layers:
+                    return key_layers[name]
     return None
 
 
@@ -102,6 +102,7 @@ def find_windows(
     """The attention window of every layer (None: full) and the window comparisons found."""
     windows: list[int | None] = [None] * layout.num_layers
     compares: dict[str, WindowCompare] = {}
+    key_layers = {p.input_name: p.layer for p in layout.ports if p.kind == "key"}
     for sdpa in model.get_ordered_ops():
         if sdpa.get_type_name() != "ScaledDotProductAttention" or sdpa.get_input_size() < 4:
             continue
@@ -112,8 +113,8 @@ def find_windows(
         ]
         if not found:
             continue
-        layer = _layer_of(sdpa)
-        if layer is None or layer >= len(windows):
+        layer = _layer_of(sdpa, key_layers)
+        if layer is None:
             raise ModelLayoutError(
                 f"attention {sdpa.get_friendly_name()!r} has a sliding-window mask but no "
                 "past keys of a known layer"

@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..config import STORE_BLOCK_TOKENS
 from ..kv.blocks import BlockManagerConfig, KVBlockManager, LayerSpec
 from ..kv.cache import SharedKVCache
 from ..kv.copy import CopyCounter
 from ..model.layout import KVLayout
 
-TOKENS_PER_BLOCK = 32
+TOKENS_PER_BLOCK = STORE_BLOCK_TOKENS
 
 
 class HostPrefixCache:
@@ -85,10 +86,10 @@ class HostPrefixCache:
     def save(self, tokens: Sequence[int], first_slot: int) -> None:
         """Copy the whole blocks of ``tokens`` (token i in slot ``first_slot + i``) that the
         store lacks into it; they stay cached for later prompts until evicted."""
-        tokens = self._fit(tokens)
-        if len(tokens) < TOKENS_PER_BLOCK:
+        whole = min(len(tokens), self.capacity) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+        if not whole:
             return
-        tokens = tokens[: len(tokens) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK]
+        tokens = [int(t) for t in tokens[:whole]]
         # all stored already (a hit leaves one token over, so ask with one more): nothing to
         # copy, and no slot taken from another prefix for a block the tree has
         if self.blocks.lookup([*tokens, -1]).hit_tokens == len(tokens):
@@ -114,9 +115,6 @@ class HostPrefixCache:
                 self._copy(table[index], first_slot + index * TOKENS_PER_BLOCK, to_store=False)
         finally:
             self.blocks.remove_sequence(self._seq)
-
-    def _fit(self, tokens: Sequence[int] | np.ndarray) -> list[int]:
-        return [int(t) for t in tokens[: self.capacity]]
 
     def _copy(self, block: int, slot: int, *, to_store: bool) -> None:
         stop = slot + TOKENS_PER_BLOCK
