@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import cli_io
 from .config import EXACT_F32
 
 
@@ -29,6 +30,15 @@ def _zero_points_arg(parser: argparse.ArgumentParser) -> None:
         help="GGUF only: keep openvino-genai's conversion (genai) or fix its rounded Q4_1 "
         "zero points (exact: SmolLM2 perplexity 14.2 -> 11.6, +24 MB)",
     )
+
+
+def _setting(text: str) -> str:
+    """An argparse type: ``KEY=VALUE``, so a malformed setting is a usage error before any
+    work is done."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
 
 
 def _model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> None:
@@ -66,6 +76,7 @@ def _model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> Non
         "--prop",
         "-p",
         action="append",
+        type=_setting,
         default=[],
         metavar="KEY=VALUE",
         help="extra setting, e.g. -p NPUW_ONLINE_PIPELINE=NONE (repeatable)",
@@ -88,7 +99,7 @@ def _pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     for item in args.prop:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--prop expects KEY=VALUE, got {item!r}")
+            raise ValueError(f"--prop expects KEY=VALUE, got {item!r}")
         kwargs[key] = value
     return kwargs
 
@@ -99,21 +110,16 @@ def _load(args: argparse.Namespace):
     return LLMPipeline(args.model, args.device, **_pipeline_kwargs(args))
 
 
-def _stream(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     pipe = _load(args)
     result = pipe.generate(
         args.prompt,
         max_new_tokens=args.max_new_tokens,
-        streamer=_stream,
+        streamer=cli_io.stdout.write,
         apply_chat_template=not args.no_chat_template,
         repetition_penalty=args.repetition_penalty,
     )
-    print()
+    cli_io.stdout.write("\n")
     stats = f"{len(result.tokens)} tokens, finish={result.finish_reason}, "
     stats += f"TTFT {result.ttft_s * 1000:.0f} ms"
     if len(result.tokens) > 1:  # the rate is over decode steps: none before a second token
@@ -125,33 +131,58 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     pipe = _load(args)
     pipe.start_chat(args.system or "")
-    print("npuw-kv chat — /reset clears the history, /exit or Ctrl-D quits", file=sys.stderr)
+    cli_io.tolerate_stdin_bytes()
+    banner = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops an answer"
+    print(f"npuw-kv chat — {banner}", file=sys.stderr)
     while True:
         try:
             line = input("> ").strip()
         except EOFError:
             print()
             return 0
+        except KeyboardInterrupt:  # Ctrl-C at the prompt quits: end its line, main says why
+            print()
+            raise
         if line in ("/exit", "/quit"):
             return 0
         if line == "/reset":
             pipe.start_chat(args.system or "")
-            continue
-        if not line:
-            continue
-        dropped = pipe.fit_chat_history(line)
-        if dropped:
-            print(f"[{dropped} oldest exchange(s) dropped to fit MAX_PROMPT_LEN]", file=sys.stderr)
-        try:
-            pipe.generate(
+        elif line:
+            _chat_turn(pipe, line, args)
+
+
+def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:
+    """Answer one message.  A failure, or Ctrl-C, costs only this turn: the session and its
+    history go on."""
+    bad = cli_io.undecodable(line)
+    if bad is not None:  # the tokenizer would refuse it
+        cli_io.error(f"the message is not UTF-8 text, skipped: {bad}")
+        return
+    turn = cli_io.ChatTurn(cli_io.stdout)
+    try:
+        with turn.sigint_cancels():
+            dropped = pipe.fit_chat_history(line)
+            if dropped:
+                note = f"{dropped} oldest exchange(s) dropped to fit MAX_PROMPT_LEN"
+                print(f"[{note}]", file=sys.stderr)
+            result = pipe.generate(
                 line,
                 max_new_tokens=args.max_new_tokens,
-                streamer=_stream,
+                streamer=turn.stream,
                 repetition_penalty=args.repetition_penalty,
             )
-        except ValueError as exc:  # e.g. this message alone is longer than MAX_PROMPT_LEN
-            print(f"\n[error] {exc}", file=sys.stderr)
-        print()
+        cancelled = result.finish_reason == "cancelled"
+    except KeyboardInterrupt:
+        cancelled = True
+    except BrokenPipeError:  # stdout is gone: so is the session
+        raise
+    except Exception as exc:  # e.g. this message alone is longer than MAX_PROMPT_LEN
+        cli_io.stdout.end_line()
+        cli_io.error(cli_io.one_line(exc))
+        return
+    cli_io.stdout.write("\n")
+    if cancelled:
+        print("[answer cancelled]", file=sys.stderr)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -247,18 +278,18 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
     from .accuracy.reference import torch_weights
 
-    results = run_matrix(
-        resolve_model(args.model),
-        args.prompt_lens,
-        args.new_tokens,
-        [d.upper() for d in args.devices],
-        args.modes,
-        args.chunks,
-        progress,
-        peer=not args.no_peer,
-        torch_source=torch_weights(args.model_source),
-    )
-    bar.close()
+    with bar:  # closed (its line ended) on Ctrl-C too
+        results = run_matrix(
+            resolve_model(args.model),
+            args.prompt_lens,
+            args.new_tokens,
+            [d.upper() for d in args.devices],
+            args.modes,
+            args.chunks,
+            progress,
+            peer=not args.no_peer,
+            torch_source=torch_weights(args.model_source),
+        )
     print(report.table(results))
     command = "npuw-kv " + " ".join(sys.argv[1:]) if sys.argv[1:] else "npuw-kv accuracy"
     for path in report.write(results, Path(args.out), command):
@@ -342,6 +373,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``npuw-kv``; Ctrl-C exits 130 and a closed stdout 141, each without a traceback."""
+    return cli_io.run(functools.partial(_main, sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
+    bad = next(filter(None, map(cli_io.undecodable, argv)), None)
+    if bad is not None:  # argv bytes the locale could not decode (e.g. Latin-1 under LANG=C)
+        cli_io.error(f"argument {bad} is not UTF-8 text")
+        return 2
     args = build_parser().parse_args(argv)
     check = getattr(args, "check", None)
     if check is not None:  # cross-option checks: an argparse error (exit code 2) before any work
