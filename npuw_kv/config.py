@@ -7,6 +7,7 @@ openvino-genai's NPU pipeline work unchanged.
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -16,6 +17,7 @@ KV_PRECISIONS = ("auto", "f32", "f16", "bf16", "u8")
 KV_BINDINGS = ("roi", "copy")
 ATTENTION_BACKENDS = ("auto", "sdpa", "pa")
 GGUF_ZERO_POINTS = ("genai", "exact")
+_NPUW_DEVICE = re.compile(r"(NPU|CPU|GPU)(\.\d+)?", re.IGNORECASE)  # what NPUW places on
 # tokens per block of the static-shape path's host prefix store (runtime/prefix_store.py)
 STORE_BLOCK_TOKENS = 32
 
@@ -175,10 +177,12 @@ class PipelineConfig:
             )
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
-        if not isinstance(self.npuw_devices, str) or not self.npuw_devices.strip():
+        if not isinstance(self.npuw_devices, str) or not all(
+            _NPUW_DEVICE.fullmatch(d.strip()) for d in self.npuw_devices.split(",")
+        ):
             raise ValueError(
-                f"npuw_devices (NPUW_DEVICES) must be a device list such as 'CPU' or 'NPU,CPU', "
-                f"got {self.npuw_devices!r}"
+                f"npuw_devices (NPUW_DEVICES) must be a list of NPU, CPU or GPU devices such as "
+                f"'CPU' or 'NPU,CPU', got {self.npuw_devices!r}"
             )
         chunk = self.prefill_chunk_size
         rounded = -(-self.max_prompt_len // chunk) * chunk

@@ -9,9 +9,11 @@ and the stopping rules.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -74,6 +76,28 @@ _STOPS = (
 )
 
 
+def _check_text(text: object) -> None:
+    """Refuse what no tokenizer can take, before openvino-genai fails on it less clearly."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected text (str), got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"text is not valid Unicode: {exc.reason} at character {exc.start} "
+            f"({text[exc.start : exc.end]!r}); undecodable input bytes end up as such "
+            "characters, decode the input as UTF-8 (or with errors='replace') first"
+        ) from None
+
+
+def _tokenize(run: Callable[[], T]) -> T:
+    """``run()``, with the tokenizer's own failures as ``ValueError``."""
+    try:
+        return run()
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
+
+
 def _vocab(logits: ov.Output) -> int:
     return int(logits.get_partial_shape()[-1].get_length())
 
@@ -93,6 +117,10 @@ class LLMPipeline:
         self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any
     ) -> None:
         self.config = PipelineConfig.from_kwargs(device, **config)
+        self._settings = dict(config)  # as given, for messages
+        # one call at a time: the runner, its KV cache and the chat history are one state
+        self._lock = threading.Lock()
+        self._owner: int | None = None
         fix_mmap_threshold()  # before compiling: see runtime/heap.py for what it keeps flat
         self.model_dir = resolve_model(model, zero_points=self.config.gguf_zero_points)
         # (positions, where it was read); generation never goes past it
@@ -130,7 +158,7 @@ class LLMPipeline:
             try:
                 request = self._compile(lambda: compile_paged(self.core, paged, config))
             except CompileError as exc:
-                if config.attention_backend != "auto":
+                if config.attention_backend != "auto" or self._refuses_properties():
                     raise
                 room = config.prefix_cache_tokens
                 warnings.warn(
@@ -186,25 +214,67 @@ class LLMPipeline:
             ),
         )
 
+    def _refuses_properties(self) -> bool:
+        """True when the device refuses the properties given even on a trivial model: the
+        failure is the settings', and running another backend would only hide it."""
+        properties = self.config.compile_properties
+        if not properties:
+            return False
+        x = ov.opset13.parameter([1], np.float32)
+        trivial = ov.Model([ov.opset13.relu(x)], [x])
+        try:
+            self.core.compile_model(trivial, self.config.device, properties)
+        except RuntimeError:
+            return True
+        return False
+
     def _compile(self, compile_: Callable[[], T]) -> T:
         try:
             return compile_()
         except RuntimeError as exc:
+            given = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
             raise CompileError(
-                f"{self.config.device} could not compile the model with these settings "
-                f"{self.config.compile_properties or '(defaults)'}: {last_line(exc)}"
+                f"{self.config.device} could not compile the model with "
+                f"{'these settings: ' + given if given else 'the default settings'}: "
+                f"{last_line(exc)}"
             ) from exc
 
     @staticmethod
     def _allocate(kv_capacity: int, build: Callable[[], T]) -> T:
+        """``build()``, with any failure to allocate (checked up front against the available
+        memory, or numpy's / the plugin's own) as one error naming the settings to lower."""
         try:
             return build()
-        except MemoryError as exc:
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+                raise
+            detail = (
+                str(exc)  # ensure_fits says which buffer, its size and what is available
+                if isinstance(exc, MemoryError) and str(exc)
+                else f"a KV cache of {kv_capacity} tokens ({last_line(exc)})"
+            )
             raise ValueError(
-                f"cannot allocate a KV cache of {kv_capacity} tokens; lower "
+                f"cannot allocate {detail}; lower "
                 "max_prompt_len (MAX_PROMPT_LEN), min_response_len (MIN_RESPONSE_LEN) or "
                 "prefix_cache_tokens (PREFIX_CACHE_TOKENS)"
             ) from exc
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Serialize calls from several threads (a second caller waits for the first); a call
+        made from inside a running one (e.g. from its streamer) is refused, not deadlocked."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise RuntimeError(
+                "LLMPipeline is already generating on this thread (called from its streamer?); "
+                "one pipeline runs one call at a time"
+            )
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
 
     # -- genai-shaped accessors -------------------------------------------------------------
     def get_tokenizer(self) -> openvino_genai.Tokenizer:
@@ -218,31 +288,51 @@ class LLMPipeline:
 
     # -- chat ---------------------------------------------------------------------------------
     def start_chat(self, system_message: str = "") -> None:
-        self._history = [{"role": "system", "content": system_message}] if system_message else []
+        with self._exclusive():
+            _check_text(system_message)
+            self._history = (
+                [{"role": "system", "content": system_message}] if system_message else []
+            )
 
     def finish_chat(self) -> None:
-        self._history = None
+        with self._exclusive():
+            self._history = None
 
     def fit_chat_history(self, prompt: str) -> int:
-        """Drop the oldest user/assistant exchanges until ``prompt`` as the next user turn fits
-        MAX_PROMPT_LEN; the system message stays.  Returns how many exchanges were dropped.
+        """Make room for ``prompt`` as the next user turn: when the chat would outgrow
+        MAX_PROMPT_LEN, drop the oldest user/assistant exchanges (the system message stays)
+        down to half of it.  Returns how many exchanges were dropped.
 
         A long chat would otherwise end in a capacity error that costs the user's message (or
-        the whole history).  If the prompt does not fit even alone, the history is left as it
-        was and :meth:`generate` raises the usual error naming the setting.
+        the whole history).  Dropping only what the next turn needs would change the tokens
+        after the system message on every turn from then on, and with them every cached KV
+        entry after it; dropping down to half keeps the history a stable prefix for the next
+        turns, which then reuse its KV and run only their own tokens.  When half is not
+        reachable the fewest exchanges that make the prompt fit are dropped.  If the prompt
+        does not fit even alone, the history is left as it was and :meth:`generate` raises the
+        usual error naming the setting.
         """
-        if self._history is None:
-            raise ValueError("fit_chat_history needs chat mode: call start_chat() first")
-        limit = self.config.max_prompt_len  # never above the trained context (checked at init)
-        system = [m for m in self._history[:1] if m["role"] == "system"]
-        turns = self._history[len(system) :]
-        user = {"role": "user", "content": prompt}
-        for dropped in range(0, len(turns) // 2 + 1):
-            kept = system + turns[2 * dropped :]  # one exchange = a user message and its answer
-            if self._template_ids([*kept, user]).size <= limit:
-                self._history = kept
-                return dropped
-        return 0
+        with self._exclusive():
+            if self._history is None:
+                raise ValueError("fit_chat_history needs chat mode: call start_chat() first")
+            limit = self.config.max_prompt_len  # never above the trained context (checked)
+            system = [m for m in self._history[:1] if m["role"] == "system"]
+            turns = self._history[len(system) :]
+            user = {"role": "user", "content": prompt}
+            if self._template_ids([*self._history, user]).size <= limit:
+                return 0
+            fits = None
+            for dropped in range(1, len(turns) // 2 + 1):
+                kept = system + turns[2 * dropped :]  # an exchange: a user message, its answer
+                size = self._template_ids([*kept, user]).size
+                if fits is None and size <= limit:
+                    fits = dropped
+                if size <= limit // 2:
+                    fits = dropped
+                    break
+            if fits is not None:
+                self._history = system + turns[2 * fits :]
+            return fits or 0
 
     # -- generation ---------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False, template: bool = True) -> np.ndarray:
@@ -251,11 +341,18 @@ class LLMPipeline:
         if chat or (template and self.tokenizer.chat_template):
             earlier = list(self._history or []) if chat else []
             return self._template_ids([*earlier, {"role": "user", "content": prompt}])
-        return _ids(self.tokenizer.encode(prompt))
+        _check_text(prompt)
+        return _tokenize(lambda: _ids(self.tokenizer.encode(prompt)))
 
     def _template_ids(self, messages: list[dict[str, str]]) -> np.ndarray:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return _ids(self.tokenizer.encode(text, add_special_tokens=False))
+        for message in messages:
+            _check_text(message["content"])
+
+        def run() -> np.ndarray:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return _ids(self.tokenizer.encode(text, add_special_tokens=False))
+
+        return _tokenize(run)
 
     def generate(
         self,
@@ -270,21 +367,22 @@ class LLMPipeline:
         through the model's chat template and the answer is appended to the history (unless the
         streamer cancelled the turn, as in openvino-genai).
         """
-        config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
-        if config.eos_token_id is None or config.eos_token_id < 0:  # genai's "unset" is -1
-            config.eos_token_id = self.tokenizer.get_eos_token_id()
-        chat = self._history is not None and isinstance(inputs, str)
-        if isinstance(inputs, str):
-            ids = self.encode(inputs, chat=chat, template=config.apply_chat_template)
-        else:
-            ids = self._token_ids(inputs)
-        result = self._generate_ids(ids, config, streamer)
-        if chat and self._history is not None and result.finish_reason != "cancelled":
-            self._history += [
-                {"role": "user", "content": str(inputs)},
-                {"role": "assistant", "content": result.text},
-            ]
-        return result
+        with self._exclusive():
+            config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
+            if config.eos_token_id is None or config.eos_token_id < 0:  # genai's unset is -1
+                config.eos_token_id = self.tokenizer.get_eos_token_id()
+            chat = self._history is not None and isinstance(inputs, str)
+            if isinstance(inputs, str):
+                ids = self.encode(inputs, chat=chat, template=config.apply_chat_template)
+            else:
+                ids = self._token_ids(inputs)
+            result = self._generate_ids(ids, config, streamer)
+            if chat and self._history is not None and result.finish_reason != "cancelled":
+                self._history += [
+                    {"role": "user", "content": str(inputs)},
+                    {"role": "assistant", "content": result.text},
+                ]
+            return result
 
     def _token_ids(self, inputs: Any) -> np.ndarray:
         """One prompt's token ids from a list, array, ``ov.Tensor`` or genai TokenizedInputs."""
@@ -297,15 +395,22 @@ class LLMPipeline:
             raise ValueError(
                 f"token ids of shape {list(array.shape)}: one prompt at a time (batch size 1)"
             )
+        if array.dtype == object and all(isinstance(i, int) for i in array.flat):
+            bad = [i for i in array.flat if not 0 <= i < self.vocab_size]  # beyond 64 bits
+            if bad:
+                raise ValueError(
+                    f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+                )
+            array = array.astype(np.int64)
         if array.size and not np.issubdtype(array.dtype, np.integer):
             raise ValueError(f"token ids must be integers, got {array.dtype} values")
-        ids = array.astype(np.int64).reshape(-1)
-        outside = ids[(ids < 0) | (ids >= self.vocab_size)]
+        # checked before the cast, which would wrap ids of 2**63 and above
+        outside = array[(array < 0) | (array >= self.vocab_size)]
         if outside.size:
             raise ValueError(
-                f"token id {int(outside[0])} is outside the vocabulary [0, {self.vocab_size})"
+                f"token id {int(outside.flat[0])} is outside the vocabulary [0, {self.vocab_size})"
             )
-        return ids
+        return array.astype(np.int64).reshape(-1)
 
     def _token_streamer(self, streamer: Streamer) -> tuple[Any, TextSink | None]:
         """A token-level streamer (``write(token)``, ``end()``) for ``streamer``, and for a

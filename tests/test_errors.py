@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from conftest import MAX_PROMPT, make_pipe
 
@@ -98,7 +100,26 @@ def test_a_broken_tokenizer_fails_before_compiling(tmp_path, smol_dir, monkeypat
         LLMPipeline(tmp_path)
 
 
-def test_a_property_the_device_refuses_is_a_compile_error(smol_dir):
-    with pytest.raises(CompileError, match="SNIPPETS_MODE") as info:
-        LLMPipeline(smol_dir, SNIPPETS_MODE="bogus", max_prompt_len=64, prefill_chunk_size=64)
+def test_a_property_the_device_refuses_is_a_compile_error(smol_dir, monkeypatch):
+    """Refused as the settings' fault: no fallback to the static-shape path (whose warning
+    would blame PagedAttention) and no second compile."""
+    import npuw_kv.pipeline as pipeline_module
+
+    monkeypatch.setattr(
+        pipeline_module, "compile_requests", lambda *a: pytest.fail("compiled the fallback")
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(CompileError, match="SNIPPETS_MODE='bogus'") as info:
+            LLMPipeline(smol_dir, SNIPPETS_MODE="bogus", max_prompt_len=64, prefill_chunk_size=64)
     assert isinstance(info.value, ValueError)  # the CLI reports it like any bad setting
+
+
+def test_an_npu_compile_error_names_the_settings_given(smol_dir):
+    with pytest.raises(CompileError, match=r"NPU could not compile.*NPUW_FOLD='MAYBE'"):
+        LLMPipeline(smol_dir, "NPU", NPUW_FOLD="MAYBE", max_prompt_len=64, prefill_chunk_size=64)
+
+
+def test_an_unknown_npuw_device_is_named(smol_dir):
+    with pytest.raises(ValueError, match=r"npuw_devices \(NPUW_DEVICES\).*'FOO'"):
+        LLMPipeline(smol_dir, "NPU", npuw_devices="FOO")

@@ -101,7 +101,8 @@ def test_chat_keeps_history_through_the_template(pipe):
 
 
 def test_long_chat_drops_the_oldest_exchanges_to_fit(pipe):
-    """A chat longer than MAX_PROMPT_LEN loses its oldest exchanges, not the new message."""
+    """A chat longer than MAX_PROMPT_LEN loses its oldest exchanges, not the new message, down
+    to half of MAX_PROMPT_LEN, so the next turns find the history unchanged in the cache."""
     limit = pipe.config.max_prompt_len
     pipe.start_chat("You are terse.")
     try:
@@ -122,8 +123,8 @@ def test_long_chat_drops_the_oldest_exchanges_to_fit(pipe):
         assert history[0] == {"role": "system", "content": "You are terse."}
         assert history[1]["content"] == exchanges[dropped][0]  # the oldest kept is next in line
         assert history[-1]["content"] == exchanges[-1][1]  # the newest is kept
-        assert pipe.encode(message, chat=True).size <= limit
-        # minimal: keeping one more exchange would not fit
+        assert pipe.encode(message, chat=True).size <= limit // 2
+        # down to half and no further: keeping one more exchange would not fit in half
         one_more = [
             history[0],
             *[
@@ -132,8 +133,10 @@ def test_long_chat_drops_the_oldest_exchanges_to_fit(pipe):
             ],
             *history[1:],
         ]
-        assert pipe._template_ids([*one_more, {"role": "user", "content": message}]).size > limit
+        size = pipe._template_ids([*one_more, {"role": "user", "content": message}]).size
+        assert size > limit // 2
         assert pipe.generate(message, max_new_tokens=4).tokens
+        assert pipe.fit_chat_history("And the one before?") == 0  # room left: nothing dropped
         # a message too long on its own: history untouched, generate names the setting
         before = list(pipe._history)
         huge = "word " * (2 * limit)

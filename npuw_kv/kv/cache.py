@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 
+from .memory import ensure_fits
+
 # precision -> (numpy storage dtype, OpenVINO element type). numpy has no bfloat16, so bf16
 # rows are stored as uint16 bit patterns and typed bf16 only in the ov.Tensor wrappers.
 KV_STORAGE: dict[str, tuple[type[np.generic], ov.Type]] = {
@@ -47,6 +49,8 @@ class SharedKVCache:
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
+        per_token = sum(s.num_heads * s.head_dim for s in specs) * self.dtype.itemsize
+        ensure_fits(per_token * capacity, f"a KV cache of {capacity} tokens")
         self.buffers = {
             s.name: np.zeros((1, s.num_heads, capacity, s.head_dim), self.dtype) for s in specs
         }

@@ -22,6 +22,7 @@ from ..config import STORE_BLOCK_TOKENS
 from ..kv.blocks import BlockManagerConfig, KVBlockManager, LayerSpec
 from ..kv.cache import SharedKVCache
 from ..kv.copy import CopyCounter
+from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 
 TOKENS_PER_BLOCK = STORE_BLOCK_TOKENS
@@ -56,6 +57,7 @@ class HostPrefixCache:
         self._layers = [(keys[i].input_name, values[i].input_name) for i in sorted(keys)]
         per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs) * cache.dtype.itemsize
         slots = self.capacity + tpb
+        ensure_fits(slots * per_token, f"a host prefix store of {slots} tokens")
         config = BlockManagerConfig(
             layers=specs,
             max_seq_len=slots,
