@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import (
+    CapacityError,
+    CompileError,
+    ModelLayoutError,
+    ModelLoadError,
+    ModelSourceError,
+)
+
 __version__ = "0.1.0"
 __all__ = [
     "CapacityError",
@@ -11,17 +19,11 @@ __all__ = [
     "GenerationConfig",
     "GenerationResult",
     "LLMPipeline",
+    "ModelLayoutError",
     "ModelLoadError",
     "ModelSourceError",
     "PipelineConfig",
 ]
-# error types: where each lives (imported lazily, like everything that needs OpenVINO)
-_ERRORS = {
-    "CapacityError": "runtime.engine",
-    "CompileError": "runtime.compile",
-    "ModelLoadError": "model.variants",
-    "ModelSourceError": "model.source",
-}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,8 +40,4 @@ def __getattr__(name: str) -> Any:
         from .config import PipelineConfig
 
         return PipelineConfig
-    if name in _ERRORS:
-        from importlib import import_module
-
-        return getattr(import_module(f".{_ERRORS[name]}", __name__), name)
     raise AttributeError(f"module 'npuw_kv' has no attribute {name!r}")

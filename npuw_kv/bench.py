@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from .cli_args import pipeline_kwargs
 from .config import PipelineConfig
 
 RUNTIMES = ("npuw-kv", "npuw-kv-sdpa", "npuw-kv-npu", "genai-cpu", "genai-sdpa", "npuw-llm")
@@ -180,13 +181,11 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run every runtime, print the table; 1 when any runtime failed (its row says why), else 0."""
-    from .cli import _pipeline_kwargs
-
     if args.quick or args.prompt_len is None:
         args.prompt_len = QUICK_PROMPT_LEN
     if args.quick or args.new_tokens is None:
         args.new_tokens = QUICK_NEW_TOKENS
-    extra = _pipeline_kwargs(args)
+    extra = pipeline_kwargs(args)
     # the static shapes go to every worker as their own arguments (npuw-llm needs them too),
     # whichever name set them (--max-prompt-len, -p MAX_PROMPT_LEN=..., ...)
     npuw_extra = {}

@@ -9,105 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import cli_io
-from .config import EXACT_F32
-
-
-def _text_args(parser: argparse.ArgumentParser, new_tokens: int) -> None:
-    parser.add_argument("--max-new-tokens", "-n", type=int, default=new_tokens)
-    parser.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=1.1,
-        help="> 1 discourages repeating prompt/output tokens (API default 1.0, as genai)",
-    )
-
-
-def _zero_points_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--gguf-zero-points",
-        choices=["genai", "exact"],
-        default="genai",
-        help="GGUF only: keep openvino-genai's conversion (genai) or fix its rounded Q4_1 "
-        "zero points (exact: SmolLM2 perplexity 14.2 -> 11.6, +24 MB)",
-    )
-
-
-def _setting(text: str) -> str:
-    """An argparse type: ``KEY=VALUE``, so a malformed setting is a usage error before any
-    work is done."""
-    key, sep, _ = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return text
-
-
-def _model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> None:
-    parser.add_argument(
-        "--model",
-        "-m",
-        default=None,
-        help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)",
-    )
-    _zero_points_arg(parser)
-    if for_bench:  # the runtimes pick their devices; --device only picks which npuw-kv path
-        parser.add_argument(
-            "--device", "-d", default=None, help="CPU or NPU: the npuw-kv path to bench by default"
-        )
-    else:
-        parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
-    parser.add_argument("--max-prompt-len", type=int, default=None, help="MAX_PROMPT_LEN (1024)")
-    parser.add_argument("--min-response-len", type=int, default=None, help="MIN_RESPONSE_LEN (128)")
-    parser.add_argument("--chunk", type=int, default=None, help="prefill chunk size (256)")
-    parser.add_argument(
-        "--kv-precision", choices=["auto", "f32", "f16", "bf16", "u8"], default=None
-    )
-    parser.add_argument(
-        "--attention",
-        choices=["auto", "pa", "sdpa"],
-        default=None,
-        help="attention_backend: pa (CPU PagedAttention, the CPU default) or sdpa (static shapes)",
-    )
-    parser.add_argument(
-        "--exact",
-        action="store_true",
-        help="exact f32 compute on CPU (no bf16, no dynamic quantization)",
-    )
-    parser.add_argument(
-        "--prop",
-        "-p",
-        action="append",
-        type=_setting,
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra setting, e.g. -p NPUW_ONLINE_PIPELINE=NONE (repeatable)",
-    )
-
-
-def _pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for name, key in (
-        ("max_prompt_len", "max_prompt_len"),
-        ("min_response_len", "min_response_len"),
-        ("chunk", "prefill_chunk_size"),
-        ("kv_precision", "kv_precision"),
-        ("attention", "attention_backend"),
-    ):
-        if getattr(args, name) is not None:
-            kwargs[key] = getattr(args, name)
-    if args.exact:
-        kwargs.update(EXACT_F32)
-    for item in args.prop:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--prop expects KEY=VALUE, got {item!r}")
-        kwargs[key] = value
-    return kwargs
+from .cli_args import model_args, pipeline_kwargs, text_args, zero_points_arg
 
 
 def _load(args: argparse.Namespace):
     from .pipeline import LLMPipeline
 
-    return LLMPipeline(args.model, args.device, **_pipeline_kwargs(args))
+    return LLMPipeline(args.model, args.device, **pipeline_kwargs(args))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -188,7 +96,7 @@ def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .inspect_model import describe
 
-    print(describe(args.model, args.device, **_pipeline_kwargs(args)))
+    print(describe(args.model, args.device, **pipeline_kwargs(args)))
     return 0
 
 
@@ -304,18 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npuw-kv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text from a prompt (streams)")
-    _model_args(gen)
-    _text_args(gen, 128)
+    model_args(gen)
+    text_args(gen, 128)
     gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     gen.add_argument("prompt")
     gen.set_defaults(func=cmd_generate)
     chat = sub.add_parser("chat", help="interactive chat (REPL)")
-    _model_args(chat)
-    _text_args(chat, 256)
+    model_args(chat)
+    text_args(chat, 256)
     chat.add_argument("--system", default=None, help="system message")
     chat.set_defaults(func=cmd_chat)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
-    _model_args(insp)
+    model_args(insp)
     insp.add_argument(
         "model_path", nargs="?", default=None, metavar="MODEL", help="same as --model"
     )
@@ -327,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "whole table, a failed runtime as a 'failed: ...' row; the exit code is 1 when any "
         "runtime listed failed (npuw-llm fails on the default GGUF model), else 0.",
     )
-    _model_args(bench, for_bench=True)
+    model_args(bench, for_bench=True)
     bench.add_argument(
         "--quick",
         action="store_true",
@@ -366,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     acc.add_argument("--chunks", type=_int_list, default=[256])
     acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")
-    _zero_points_arg(acc)
+    zero_points_arg(acc)
     acc.add_argument("--no-peer", action="store_true", help="skip the peer runtimes")
     acc.set_defaults(func=cmd_accuracy)
     return parser

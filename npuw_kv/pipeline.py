@@ -2,8 +2,8 @@
 
 Tokenizing, detokenizing, streaming text and chat templates come from openvino-genai's
 ``Tokenizer`` / ``TextStreamer``; this module adds the generation loop over a runner
-(:class:`~npuw_kv.runtime.paged.PagedRunner` or :class:`~npuw_kv.runtime.engine.StaticRunner`)
-and the stopping rules.
+(:class:`~npuw_kv.runtime.paged_runner.PagedRunner` or
+:class:`~npuw_kv.runtime.static_runner.StaticRunner`) and the stopping rules.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ import openvino as ov
 import openvino_genai
 
 from .config import STORE_BLOCK_TOKENS, PipelineConfig
-from .model.paged import make_paged, split_block_tables
+from .errors import CompileError, ModelLoadError
+from .model.paged_rewrite import make_paged, split_block_tables
 from .model.source import declared_window, resolve_model, trained_context
-from .model.variants import ModelLoadError, StaticShapes, prepare, read_ir
+from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.compile import (
-    CompileError,
     compile_paged,
     compile_requests,
     last_line,
     resolve_kv_precision,
 )
-from .runtime.engine import StaticRunner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
-from .runtime.paged import PagedRunner
+from .runtime.paged_runner import PagedRunner
+from .runtime.static_runner import StaticRunner
 from .sampling import GenerationConfig, Sampler
 from .stopping import StopStrings, TextSink
 

@@ -10,9 +10,8 @@ from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE
 
 from npuw_kv import LLMPipeline
 from npuw_kv.config import EXACT_F32, PipelineConfig
+from npuw_kv.errors import CapacityError, CompileError
 from npuw_kv.pipeline import GenerationResult
-from npuw_kv.runtime.compile import CompileError
-from npuw_kv.runtime.engine import CapacityError
 
 SHAPES = dict(prefill_chunk_size=CHUNK, max_prompt_len=MAX_PROMPT, min_response_len=MIN_RESPONSE)
 

@@ -17,9 +17,9 @@ import openvino_genai
 import pytest
 
 from npuw_kv.config import EXACT_F32
+from npuw_kv.errors import ModelLayoutError
 from npuw_kv.inspect_model import describe
 from npuw_kv.model import window
-from npuw_kv.model.layout import ModelLayoutError
 from npuw_kv.model.source import declared_window
 from npuw_kv.pipeline import LLMPipeline
 

@@ -8,8 +8,9 @@ import openvino.opset13 as ops
 import pytest
 
 from npuw_kv.config import EXACT_F32
+from npuw_kv.errors import ModelLayoutError
 from npuw_kv.model import transforms as T
-from npuw_kv.model.layout import ModelLayoutError, discover_layout
+from npuw_kv.model.layout import discover_layout
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
 
 SHAPES = StaticShapes(chunk=64, max_prompt_len=256, total_len=320)

@@ -13,11 +13,9 @@ from dataclasses import dataclass, replace
 
 import openvino as ov
 
+from ..errors import ModelLayoutError
+
 _PAST_RE = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
-
-
-class ModelLayoutError(ValueError):
-    """The graph is not a decoder LLM with a KV cache we can drive."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import GGUF_ZERO_POINTS
+from ..errors import ModelSourceError
 
 if sys.platform != "win32":
     import fcntl
@@ -44,10 +45,6 @@ LOCK_FILE = ".npuw_kv.lock"
 # a work folder without a lock file (no flock here, or left by an older npuw-kv) counts as
 # abandoned once untouched this long: far longer than any conversion's quiet spell
 STALE_AFTER_S = 3600.0
-
-
-class ModelSourceError(FileNotFoundError):
-    """A model argument that does not lead to usable model files."""
 
 
 def cache_root() -> Path:

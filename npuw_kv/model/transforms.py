@@ -11,7 +11,8 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import stateful_to_stateless_transformation
 
-from .layout import KVLayout, ModelLayoutError
+from ..errors import ModelLayoutError
+from .layout import KVLayout
 
 _REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids")
 

@@ -12,13 +12,10 @@ from pathlib import Path
 
 import openvino as ov
 
+from ..errors import ModelLayoutError, ModelLoadError
 from . import transforms as T
-from .layout import KVLayout, ModelLayoutError, discover_layout
+from .layout import KVLayout, discover_layout
 from .window import apply_windows
-
-
-class ModelLoadError(ValueError):
-    """Model files exist but cannot be read as an OpenVINO IR."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ unwritten ones are masked), the window does not: a step would attend to the buff
 :func:`rewrite_window_masks` therefore compares positions instead, read off the attention mask
 the runtime passes: the position of a key is the number of live slots before it
 (``cumsum(mask) - 1``, what its index is in a stateful cache), and a query's is its key's.
-The PagedAttention rewrite (``paged.py``) needs none of this: OpenVINO's own transformation
+The PagedAttention rewrite (``paged_rewrite.py``) needs none of this: OpenVINO's own transformation
 hands the window to the kernel.
 """
 
@@ -24,7 +24,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from .layout import KVLayout, ModelLayoutError
+from ..errors import ModelLayoutError
+from .layout import KVLayout
 
 _WALK_LIMIT = 400  # nodes visited per search: masks and K inputs sit within a few dozen
 

@@ -10,6 +10,7 @@ from typing import Any
 import openvino as ov
 
 from ..config import PipelineConfig
+from ..errors import CompileError
 from ..model.layout import KVLayout
 from ..model.variants import StaticShapes, shared_dynamic, static_pair
 
@@ -97,10 +98,6 @@ def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
     if config.kv_precision != "auto":
         return config.kv_precision
     return compute_precision(core, config)
-
-
-class CompileError(ValueError):
-    """The device refused the model, or the properties passed to ``compile_model``."""
 
 
 def last_line(exc: BaseException) -> str:

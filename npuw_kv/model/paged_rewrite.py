@@ -15,7 +15,7 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
-from .layout import ModelLayoutError
+from ..errors import ModelLayoutError
 from .transforms import lm_head_on_last
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import openvino as ov
 
+from ..errors import CapacityError
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.copy import CopyCounter
 from ..model.layout import KVLayout
@@ -20,22 +21,6 @@ from .binding import BoundPort, KVBinding
 from .compile import Requests
 from .plan import PromptPlan, StepInputs, generate_inputs, prefill_inputs
 from .prefix_store import HostPrefixCache
-
-
-class CapacityError(ValueError):
-    """A prompt longer than MAX_PROMPT_LEN, or a step with the KV cache full."""
-
-    @classmethod
-    def prompt(cls, tokens: int, max_prompt_len: int) -> CapacityError:
-        return cls(
-            f"prompt has {tokens} tokens but MAX_PROMPT_LEN is {max_prompt_len}; "
-            "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
-            f"to at least {tokens}"
-        )
-
-    @classmethod
-    def cache_full(cls, slots: int) -> CapacityError:
-        return cls(f"KV cache is full ({slots} slots); raise min_response_len (MIN_RESPONSE_LEN)")
 
 
 def shared_prefix(cached: list[int], ids: np.ndarray) -> int:

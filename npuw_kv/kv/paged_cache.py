@@ -3,7 +3,7 @@
 Each tensor is ``[blocks, heads, block_size, dims]`` in the element type the device chose (u8
 rows carry their quantisation scales inside the block, so ``dims`` and the K block length may
 exceed head_dim and block_size).  Which block holds which tokens is the block manager's
-(``kv/blocks``, driven by ``runtime/paged.py``): prefill chunks and generate steps read and
+(``kv/blocks``, driven by ``runtime/paged_runner.py``): prefill chunks and generate steps read and
 write these tensors in place, through the sequence's block table.
 """
 

@@ -28,11 +28,11 @@ from contextlib import contextmanager
 import numpy as np
 import openvino as ov
 
+from ..errors import CapacityError
 from ..kv.blocks import BlockManagerConfig, KVBlockManager, PoolKind, uniform_layers
 from ..kv.blocks.sequence import blocks_for, min_live_blocks
-from ..kv.paged import PagedKVCache, PagedSpec
-from ..model.paged import CACHE_PREFIXES, block_table_input, cache_inputs
-from .engine import CapacityError
+from ..kv.paged_cache import PagedKVCache, PagedSpec
+from ..model.paged_rewrite import CACHE_PREFIXES, block_table_input, cache_inputs
 
 
 class PagedRunner:

@@ -1,0 +1,40 @@
+"""Every error a user of npuw-kv may catch, in one place (no OpenVINO needed to import it).
+
+Each is a ``ValueError`` (or, for a missing model, a ``FileNotFoundError``) so that callers
+who only know the standard types still catch them; the message names the setting to change.
+After any of them the pipeline stays usable.
+"""
+
+from __future__ import annotations
+
+
+class ModelSourceError(FileNotFoundError):
+    """A model argument that does not lead to usable model files (missing, corrupt GGUF)."""
+
+
+class ModelLoadError(ValueError):
+    """Model files exist but cannot be read as an OpenVINO IR (or their tokenizer IRs)."""
+
+
+class ModelLayoutError(ValueError):
+    """The graph is not a decoder LLM with a KV cache we can drive."""
+
+
+class CompileError(ValueError):
+    """The device refused the model with these settings (names them)."""
+
+
+class CapacityError(ValueError):
+    """A prompt longer than MAX_PROMPT_LEN, or a step with the KV cache full."""
+
+    @classmethod
+    def prompt(cls, tokens: int, max_prompt_len: int) -> CapacityError:
+        return cls(
+            f"prompt has {tokens} tokens but MAX_PROMPT_LEN is {max_prompt_len}; "
+            "raise max_prompt_len (MAX_PROMPT_LEN / NPUW_LLM_MAX_PROMPT_LEN) "
+            f"to at least {tokens}"
+        )
+
+    @classmethod
+    def cache_full(cls, slots: int) -> CapacityError:
+        return cls(f"KV cache is full ({slots} slots); raise min_response_len (MIN_RESPONSE_LEN)")
