@@ -11,32 +11,27 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 import openvino as ov
 import openvino_genai
 
-from .config import STORE_BLOCK_TOKENS, PipelineConfig
-from .errors import CompileError, ModelLoadError
-from .model.paged_rewrite import make_paged, split_block_tables
-from .model.source import declared_window, resolve_model, trained_context
-from .model.variants import StaticShapes, prepare, read_ir
+from .config import PipelineConfig
+from .errors import ModelLoadError
+from .model.source import resolve_model, trained_context
+from .model.variants import read_ir
+from .runtime.build import build_runner
 from .runtime.compile import (
-    compile_paged,
-    compile_requests,
     last_line,
-    resolve_kv_precision,
 )
 from .runtime.heap import fix_mmap_threshold, release_free_heap
-from .runtime.paged_runner import PagedRunner
-from .runtime.static_runner import StaticRunner
+from .runtime.runner import Runner
 from .sampling import GenerationConfig, Sampler
-from .stopping import StopStrings, TextSink
+from .stopping import StopStrings, TokenOutput
 
 T = TypeVar("T")
 
@@ -68,7 +63,6 @@ def _ids(encoded: Any) -> np.ndarray:
     return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
 
 
-# what a streamer may return to end generation early (``CANCEL`` also drops the chat turn)
 _STOPS = (
     openvino_genai.StreamingStatus.STOP,
     openvino_genai.StreamingStatus.TOOL_CALL_STOP,
@@ -96,10 +90,6 @@ def _tokenize(run: Callable[[], T]) -> T:
         return run()
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
-
-
-def _vocab(logits: ov.Output) -> int:
-    return int(logits.get_partial_shape()[-1].get_length())
 
 
 class LLMPipeline:
@@ -134,130 +124,15 @@ class LLMPipeline:
             raise ModelLoadError(
                 f"cannot load the tokenizer IRs in {self.model_dir} ({last_line(exc)})"
             ) from exc
-        self.shapes = StaticShapes(
-            self.config.prefill_chunk_size, self.config.max_prompt_len, kv_capacity
-        )
-        self.runner = self._runner(ir, kv_capacity)
+        built = build_runner(self.core, self.model_dir, ir, self.config, kv_capacity, config)
         del ir  # the device holds its own copy of the graph now
+        self.runner: Runner = built.runner
+        self.config, self.vocab_size, self.layout = built.config, built.vocab_size, built.layout
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         self._history: list[dict[str, str]] | None = None
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
-
-    def _runner(self, ir: ov.Model, kv_capacity: int) -> StaticRunner | PagedRunner:
-        """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache.
-
-        ``auto`` falls back to the static-shape path, with a warning, when the CPU plugin
-        cannot compile PagedAttention with these settings (e.g. a CPU it has no kernel for).
-        """
-        config = self.config
-        if config.paged:
-            paged = make_paged(ir, config.full_prefill_logits)
-            windows = split_block_tables(paged, kv_capacity)
-            try:
-                request = self._compile(lambda: compile_paged(self.core, paged, config))
-            except CompileError as exc:
-                if config.attention_backend != "auto" or self._refuses_properties():
-                    raise
-                room = config.prefix_cache_tokens
-                warnings.warn(
-                    f"PagedAttention did not compile ({exc}); running the static-shape path "
-                    "(attention_backend='sdpa')"
-                    + (", where prefix_cache_tokens is a host store" if room else ""),
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                ir = read_ir(self.core, self.model_dir)  # the rewrite above was in place
-                # a room too small for one block of the host store is dropped, not refused
-                self.config = config = replace(
-                    config,
-                    attention_backend="sdpa",
-                    prefix_cache_tokens=room if room >= STORE_BLOCK_TOKENS else 0,
-                )
-            else:
-                self.vocab_size = _vocab(request.get_compiled_model().output("logits"))
-                return self._allocate(
-                    kv_capacity + config.prefix_cache_tokens,
-                    lambda: PagedRunner(
-                        request,
-                        kv_capacity,
-                        config.max_prompt_len,
-                        config.prefill_chunk_size,
-                        config.prefix_reuse,
-                        config.prefix_cache_tokens,
-                        windows,
-                    ),
-                )
-        prepared, layout = prepare(
-            ir,
-            resolve_kv_precision(self.core, config),
-            config.full_prefill_logits,
-            declared_window(self.model_dir, kv_capacity),
-        )
-        self.layout = layout
-        requests = self._compile(
-            lambda: compile_requests(self.core, prepared, layout, config, self.shapes)
-        )
-        self.vocab_size = _vocab(
-            requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
-        )
-        return self._allocate(
-            kv_capacity,
-            lambda: StaticRunner(
-                requests,
-                layout,
-                self.shapes,
-                config.kv_binding,
-                config.prefix_reuse,
-                config.prefix_cache_tokens,
-            ),
-        )
-
-    def _refuses_properties(self) -> bool:
-        """True when the device refuses the properties given even on a trivial model: the
-        failure is the settings', and running another backend would only hide it."""
-        properties = self.config.compile_properties
-        if not properties:
-            return False
-        x = ov.opset13.parameter([1], np.float32)
-        trivial = ov.Model([ov.opset13.relu(x)], [x])
-        try:
-            self.core.compile_model(trivial, self.config.device, properties)
-        except RuntimeError:
-            return True
-        return False
-
-    def _compile(self, compile_: Callable[[], T]) -> T:
-        try:
-            return compile_()
-        except RuntimeError as exc:
-            given = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
-            raise CompileError(
-                f"{self.config.device} could not compile the model with "
-                f"{'these settings: ' + given if given else 'the default settings'}: "
-                f"{last_line(exc)}"
-            ) from exc
-
-    @staticmethod
-    def _allocate(kv_capacity: int, build: Callable[[], T]) -> T:
-        """``build()``, with any failure to allocate (checked up front against the available
-        memory, or numpy's / the plugin's own) as one error naming the settings to lower."""
-        try:
-            return build()
-        except (MemoryError, RuntimeError) as exc:
-            if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
-                raise
-            detail = (
-                str(exc)  # ensure_fits says which buffer, its size and what is available
-                if isinstance(exc, MemoryError) and str(exc)
-                else f"a KV cache of {kv_capacity} tokens ({last_line(exc)})"
-            )
-            raise ValueError(
-                f"cannot allocate {detail}; lower "
-                "max_prompt_len (MAX_PROMPT_LEN), min_response_len (MIN_RESPONSE_LEN) or "
-                "prefix_cache_tokens (PREFIX_CACHE_TOKENS)"
-            ) from exc
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -412,46 +287,18 @@ class LLMPipeline:
             )
         return array.astype(np.int64).reshape(-1)
 
-    def _token_streamer(self, streamer: Streamer) -> tuple[Any, TextSink | None]:
-        """A token-level streamer (``write(token)``, ``end()``) for ``streamer``, and for a
-        text callable the sink that feeds it."""
-        if streamer is None or isinstance(streamer, openvino_genai.StreamerBase):
-            return streamer, None
-        if not callable(streamer):
-            raise ValueError(
-                "streamer must be a callable taking text or an openvino_genai.StreamerBase, "
-                f"got {type(streamer).__name__}"
-            )
-        sink = TextSink(streamer)
-        return openvino_genai.TextStreamer(self.tokenizer, sink), sink
-
     def _generate_ids(
         self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer
     ) -> GenerationResult:
         sampler = Sampler(config, ids)
-        token_streamer, sink = self._token_streamer(streamer)
         stops = StopStrings(self.tokenizer, config.stop_strings)
+        out = TokenOutput(self.tokenizer, streamer, stops)
         eos = None if config.ignore_eos else config.eos_token_id
         start = time.perf_counter()
-        logits = self.runner.prefill(ids)
-        first_logits = logits
+        logits = first_logits = self.runner.prefill(ids)
         tokens: list[int] = []
-        streamed = 0  # tokens handed to the streamer; it lags by stops.hold (see StopStrings)
-        halted: str | None = None  # set when the streamer itself stopped or cancelled the run
         finish = "length"
         ttft = decode_start = time.perf_counter() - start
-
-        def stream(upto: int) -> str | None:
-            nonlocal streamed
-            while token_streamer is not None and streamed < upto:
-                status = token_streamer.write(tokens[streamed])
-                streamed += 1
-                if status == openvino_genai.StreamingStatus.CANCEL:
-                    return "cancelled"
-                if status in _STOPS:
-                    return "stop"
-            return None
-
         while len(tokens) < config.max_new_tokens:
             token = sampler(logits)
             if not tokens:
@@ -463,7 +310,7 @@ class LLMPipeline:
             if stops.hit(tokens):
                 finish = "stop"
                 break
-            halted = stream(len(tokens) - stops.hold)
+            halted = out.push(tokens)
             if halted:
                 finish = halted
                 break  # the streamer said stop: it gets nothing more
@@ -476,14 +323,7 @@ class LLMPipeline:
                 break
             logits = self.runner.step(token)
         text, kept = stops.cut(tokens)
-        if not halted:
-            halted = stream(kept)  # what the stop-string hold-back kept
-            if halted == "cancelled":
-                finish = "cancelled"
-        if token_streamer is not None and finish != "cancelled":
-            token_streamer.end()  # flush held-back text; a cancelled run wants no more calls
-            if sink is not None and not halted:  # a streamer that said stop gets no more
-                sink.finish(text)  # a token's text before a stop string that starts inside it
+        finish = out.close(tokens, kept, text, finish)
         decode_s = time.perf_counter() - start - decode_start
         return GenerationResult(
             tokens[:kept], text, finish, int(ids.size), ttft, decode_s, first_logits
@@ -496,18 +336,4 @@ class LLMPipeline:
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request."""
-        runner = self.runner
-        return {
-            "kv_bytes_allocated": runner.cache.bytes_allocated,
-            "kv_capacity_tokens": runner.cache.capacity,
-            "kv_bytes_per_token": runner.cache.bytes_per_token(),
-            "kv_precision": runner.cache.precision,
-            "tokens_in_cache": runner.tokens_in_cache,
-            "reused_tokens": runner.reused_tokens,
-            "cached_tokens": runner.cached_tokens,
-            "kv_binding": runner.kv_binding,
-            "shared_weights": runner.shared_weights,
-            "host_bytes_copied": runner.host_bytes_copied,
-            "prefill_host_bytes_copied": runner.prefill_copied_bytes,
-            "switch_host_bytes_copied": runner.switch_copied_bytes,
-        }
+        return self.runner.stats()

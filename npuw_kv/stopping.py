@@ -1,4 +1,8 @@
-"""Stop strings over generated tokens: when one completes, where the text ends, what to stream.
+"""Where generated tokens go: stop strings, and the streamer held back behind them.
+
+:class:`StopStrings` says when a stop string completes and where the text ends;
+:class:`TokenOutput` feeds the streamer (text or token level) and remembers whether the
+streamer itself stopped or cancelled the run.
 
 A stop string of ``b`` UTF-8 bytes overlaps at most ``b`` tokens (each token overlapping it
 contributes at least one of its bytes).  So decoding the newest ``b + 2`` tokens after each
@@ -67,3 +71,62 @@ class TextSink:
         done = "".join(self.sent)
         if len(text) > len(done) and text.startswith(done):
             self(text[len(done) :])
+
+
+# what a streamer may return to end generation early (``CANCEL`` also drops the chat turn)
+_STOPS = (
+    openvino_genai.StreamingStatus.STOP,
+    openvino_genai.StreamingStatus.TOOL_CALL_STOP,
+    True,
+)
+
+
+class TokenOutput:
+    """Generated tokens on their way to the streamer, ``stops.hold`` tokens behind generation.
+
+    ``streamer``: None, a callable taking text (wrapped in genai's ``TextStreamer``) or a
+    token-level ``openvino_genai.StreamerBase``; either may return None, a bool or a
+    ``StreamingStatus``.  ``halted`` becomes "stop" or "cancelled" when the streamer says so;
+    it then gets nothing more.
+    """
+
+    def __init__(self, tokenizer: Any, streamer: Any, stops: StopStrings) -> None:
+        self.stops = stops
+        self.sink: TextSink | None = None
+        if streamer is None or isinstance(streamer, openvino_genai.StreamerBase):
+            self.streamer = streamer
+        elif callable(streamer):
+            self.sink = TextSink(streamer)
+            self.streamer = openvino_genai.TextStreamer(tokenizer, self.sink)
+        else:
+            raise ValueError(
+                "streamer must be a callable taking text or an openvino_genai.StreamerBase, "
+                f"got {type(streamer).__name__}"
+            )
+        self.streamed = 0  # tokens handed to the streamer
+        self.halted: str | None = None
+
+    def push(self, tokens: list[int]) -> str | None:
+        """Stream what the stop strings no longer hold back; "stop"/"cancelled" if the
+        streamer ended the run."""
+        return self._stream(tokens, len(tokens) - self.stops.hold)
+
+    def _stream(self, tokens: list[int], upto: int) -> str | None:
+        while self.streamer is not None and self.halted is None and self.streamed < upto:
+            status = self.streamer.write(tokens[self.streamed])
+            self.streamed += 1
+            if status == openvino_genai.StreamingStatus.CANCEL:
+                self.halted = "cancelled"
+            elif status in _STOPS:
+                self.halted = "stop"
+        return self.halted
+
+    def close(self, tokens: list[int], kept: int, text: str, finish: str) -> str:
+        """Stream the tokens kept after the hold-back, flush, and return the finish reason."""
+        if self.halted is None and self._stream(tokens, kept) == "cancelled":
+            finish = "cancelled"
+        if self.streamer is not None and finish != "cancelled":
+            self.streamer.end()  # flush held-back text; a cancelled run wants no more calls
+            if self.sink is not None and self.halted is None:  # a stopped streamer: no more
+                self.sink.finish(text)  # a token's text before a stop string inside it
+        return finish

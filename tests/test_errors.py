@@ -93,9 +93,10 @@ def test_a_broken_tokenizer_fails_before_compiling(tmp_path, smol_dir, monkeypat
         (tmp_path / item.name).symlink_to(item)
     (tmp_path / "openvino_tokenizer.xml").unlink()
     (tmp_path / "openvino_tokenizer.xml").write_text("<not an IR")
-    monkeypatch.setattr(
-        "npuw_kv.pipeline.compile_requests", lambda *a: pytest.fail("compiled first")
-    )
+    for compile_ in ("compile_requests", "compile_paged"):
+        monkeypatch.setattr(
+            f"npuw_kv.runtime.build.{compile_}", lambda *a: pytest.fail("compiled first")
+        )
     with pytest.raises(ModelLoadError, match="tokenizer"):
         LLMPipeline(tmp_path)
 
@@ -103,10 +104,10 @@ def test_a_broken_tokenizer_fails_before_compiling(tmp_path, smol_dir, monkeypat
 def test_a_property_the_device_refuses_is_a_compile_error(smol_dir, monkeypatch):
     """Refused as the settings' fault: no fallback to the static-shape path (whose warning
     would blame PagedAttention) and no second compile."""
-    import npuw_kv.pipeline as pipeline_module
+    import npuw_kv.runtime.build as build_module
 
     monkeypatch.setattr(
-        pipeline_module, "compile_requests", lambda *a: pytest.fail("compiled the fallback")
+        build_module, "compile_requests", lambda *a: pytest.fail("compiled the fallback")
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")

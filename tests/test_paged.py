@@ -184,12 +184,12 @@ def test_auto_falls_back_to_the_static_path_when_paged_attention_does_not_compil
 ):
     """A CPU the plugin has no paged kernel for: ``auto`` warns and runs the static-shape path,
     where the prefix-cache room becomes its host store."""
-    import npuw_kv.pipeline as pipeline_module
+    import npuw_kv.runtime.build as build_module
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise RuntimeError("Exception from the plugin: no PagedAttention kernel here")
 
-    monkeypatch.setattr(pipeline_module, "compile_paged", refuse)
+    monkeypatch.setattr(build_module, "compile_paged", refuse)
     with pytest.warns(RuntimeWarning, match="PagedAttention did not compile.*prefix_cache_tokens"):
         pipe = LLMPipeline(smol_dir, "CPU", prefix_cache_tokens=64, **SHAPES)
     assert not pipe.config.paged and pipe.config.prefix_cache_tokens == 64

@@ -110,11 +110,11 @@ def test_copy_binding_matches_roi_and_counts_bytes(smol_dir, text_ids):
 
 def test_kv_capacity_ends_with_length(smol_dir, text_ids):
     pipe = make_pipe(smol_dir, "CPU")
-    ids = text_ids(pipe.shapes.max_prompt_len)
+    ids = text_ids(pipe.config.max_prompt_len)
     result = pipe.generate(ids, max_new_tokens=10_000, ignore_eos=True)
     assert result.finish_reason == "length"
     # every slot up to TOTAL is used: prompt + generated = MAX_PROMPT + MIN_RESPONSE
-    assert len(ids) + len(result.tokens) == pipe.shapes.total_len + 1
+    assert len(ids) + len(result.tokens) == pipe.config.total_len + 1
     again = pipe.generate(text_ids(5), max_new_tokens=3, ignore_eos=True)
     assert len(again.tokens) == 3
 

@@ -22,7 +22,7 @@ window reads, and the manager detaches the older ones from it alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -33,13 +33,11 @@ from ..kv.blocks import BlockManagerConfig, KVBlockManager, PoolKind, uniform_la
 from ..kv.blocks.sequence import blocks_for, min_live_blocks
 from ..kv.paged_cache import PagedKVCache, PagedSpec
 from ..model.paged_rewrite import CACHE_PREFIXES, block_table_input, cache_inputs
+from .runner import ChunkHook, Runner
 
 
-class PagedRunner:
-    kv_binding = "paged"
-    shared_weights = True  # one compiled model runs both phases
-    # the device writes every token's KV into the cache in place: the host never copies any
-    host_bytes_copied = prefill_copied_bytes = switch_copied_bytes = 0
+class PagedRunner(Runner):
+    cache: PagedKVCache
 
     def __init__(
         self,
@@ -56,6 +54,10 @@ class PagedRunner:
         ``windows``: the attention window of each layer (None: full; default all full), whose
         block tables the model takes as ``block_table_input(window)``."""
         self.request = request
+        self.kv_binding = "paged"
+        # the device writes every token's KV into the cache in place: the host copies none
+        # (only a prefix hit on a sliding-window block a live sequence holds moves a block)
+        self.prefill_copied_bytes = self.switch_copied_bytes = self._moved_bytes = 0
         self.capacity = capacity
         self.max_prompt_len = max_prompt_len
         self.chunk = chunk
@@ -154,9 +156,17 @@ class PagedRunner:
         for name in self._names[window]:
             tensor = self.cache.tensors[name]
             tensor.data[dst] = tensor.data[src]
-            self.host_bytes_copied += tensor.data[dst].nbytes
+            self._moved_bytes += tensor.data[dst].nbytes
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def shared_weights(self) -> bool:
+        return True  # one compiled model runs both phases
+
+    @property
+    def host_bytes_copied(self) -> int:
+        return self._moved_bytes
+
     @property
     def tokens_in_cache(self) -> int:
         """Tokens of the current sequence (prompt and fed answer) whose KV the cache holds."""
@@ -207,9 +217,7 @@ class PagedRunner:
         logits = self.request.get_tensor("logits").data
         return logits.reshape(-1, logits.shape[-1])  # [1, vocab], or [n, vocab] (full logits)
 
-    def prefill(
-        self, ids: np.ndarray, on_chunk: Callable[[np.ndarray, np.ndarray], None] | None = None
-    ) -> np.ndarray:
+    def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
         """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
 
         Chunks end where a fresh run's do (multiples of C), so every block is written in the

@@ -7,7 +7,6 @@ logits, not text (that is :mod:`npuw_kv.pipeline`).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import openvino as ov
@@ -21,6 +20,7 @@ from .binding import BoundPort, KVBinding
 from .compile import Requests
 from .plan import PromptPlan, StepInputs, generate_inputs, prefill_inputs
 from .prefix_store import HostPrefixCache
+from .runner import ChunkHook, Runner
 
 
 def shared_prefix(cached: list[int], ids: np.ndarray) -> int:
@@ -33,7 +33,9 @@ def shared_prefix(cached: list[int], ids: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
-class StaticRunner:
+class StaticRunner(Runner):
+    cache: SharedKVCache
+
     def __init__(
         self,
         requests: Requests,
@@ -139,9 +141,7 @@ class StaticRunner:
         return logits.reshape(-1, logits.shape[-1])  # [rows, vocab]: 1 row, or C (full logits)
 
     # -- phases ------------------------------------------------------------------------------
-    def prefill(
-        self, ids: np.ndarray, on_chunk: Callable[[np.ndarray, np.ndarray], None] | None = None
-    ) -> np.ndarray:
+    def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
         """Run the chunk loop over ``ids``; return the logits of the last prompt token.
 
         ``on_chunk(positions, logits)`` is called after each chunk with the prompt positions of

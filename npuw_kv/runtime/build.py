@@ -1,0 +1,172 @@
+"""The runtime's front door: from a read IR and the settings to a runner with its KV cache.
+
+The graph is rewritten for the attention backend (:mod:`npuw_kv.model`), compiled
+(:mod:`.compile`) and given a runner that binds the KV cache.  ``attention_backend="auto"``
+falls back from PagedAttention to the static-shape path, with a warning, when the CPU plugin
+cannot compile PagedAttention (a CPU it has no kernel for) but not when the settings are at
+fault.  Failures come out as the documented errors naming the setting to change.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import openvino as ov
+
+from ..config import STORE_BLOCK_TOKENS, PipelineConfig
+from ..errors import CompileError
+from ..model.layout import KVLayout
+from ..model.paged_rewrite import make_paged, split_block_tables
+from ..model.source import declared_window
+from ..model.variants import StaticShapes, prepare, read_ir
+from .compile import compile_paged, compile_requests, last_line, resolve_kv_precision
+from .paged_runner import PagedRunner
+from .runner import Runner
+from .static_runner import StaticRunner
+
+T = TypeVar("T")
+
+
+@dataclass
+class Built:
+    runner: Runner
+    config: PipelineConfig  # as run: ``auto`` resolved, and changed by a fallback
+    vocab_size: int
+    layout: KVLayout | None  # the static-shape path's KV layout (None on PagedAttention)
+
+
+def build_runner(
+    core: ov.Core,
+    model_dir: Path,
+    ir: ov.Model,
+    config: PipelineConfig,
+    kv_capacity: int,
+    settings: Mapping[str, Any],
+) -> Built:
+    """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache.
+
+    ``settings``: what the user passed, named in error messages.
+    """
+    build = _Builder(core, config, settings)
+    if config.paged:
+        paged = make_paged(ir, config.full_prefill_logits)
+        windows = split_block_tables(paged, kv_capacity)
+        try:
+            request = build.compile(lambda: compile_paged(core, paged, config))
+        except CompileError as exc:
+            if config.attention_backend != "auto" or build.refuses_properties():
+                raise
+            room = config.prefix_cache_tokens
+            warnings.warn(
+                f"PagedAttention did not compile ({exc}); running the static-shape path "
+                "(attention_backend='sdpa')"
+                + (", where prefix_cache_tokens is a host store" if room else ""),
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            ir = read_ir(core, model_dir)  # the rewrite above was in place
+            # a room too small for one block of the host store is dropped, not refused
+            config = replace(
+                config,
+                attention_backend="sdpa",
+                prefix_cache_tokens=room if room >= STORE_BLOCK_TOKENS else 0,
+            )
+        else:
+            paged_runner = build.allocate(
+                kv_capacity + config.prefix_cache_tokens,
+                lambda: PagedRunner(
+                    request,
+                    kv_capacity,
+                    config.max_prompt_len,
+                    config.prefill_chunk_size,
+                    config.prefix_reuse,
+                    config.prefix_cache_tokens,
+                    windows,
+                ),
+            )
+            vocab = _vocab(request.get_compiled_model().output("logits"))
+            return Built(paged_runner, config, vocab, None)
+    shapes = StaticShapes(config.prefill_chunk_size, config.max_prompt_len, kv_capacity)
+    prepared, layout = prepare(
+        ir,
+        resolve_kv_precision(core, config),
+        config.full_prefill_logits,
+        declared_window(model_dir, kv_capacity),
+    )
+    requests = build.compile(lambda: compile_requests(core, prepared, layout, config, shapes))
+    runner = build.allocate(
+        kv_capacity,
+        lambda: StaticRunner(
+            requests,
+            layout,
+            shapes,
+            config.kv_binding,
+            config.prefix_reuse,
+            config.prefix_cache_tokens,
+        ),
+    )
+    logits = requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
+    return Built(runner, config, _vocab(logits), layout)
+
+
+def _vocab(logits: ov.Output) -> int:
+    return int(logits.get_partial_shape()[-1].get_length())
+
+
+class _Builder:
+    """Turns the device's and the allocator's failures into errors naming the settings."""
+
+    def __init__(self, core: ov.Core, config: PipelineConfig, settings: Mapping[str, Any]):
+        self.core = core
+        self.config = config
+        self.settings = settings
+
+    def refuses_properties(self) -> bool:
+        """True when the device refuses the properties given even on a trivial model: the
+        failure is the settings', and running another backend would only hide it."""
+        properties = self.config.compile_properties
+        if not properties:
+            return False
+        x = ov.opset13.parameter([1], np.float32)
+        trivial = ov.Model([ov.opset13.relu(x)], [x])
+        try:
+            self.core.compile_model(trivial, self.config.device, properties)
+        except RuntimeError:
+            return True
+        return False
+
+    def compile(self, compile_: Callable[[], T]) -> T:
+        try:
+            return compile_()
+        except RuntimeError as exc:
+            given = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
+            raise CompileError(
+                f"{self.config.device} could not compile the model with "
+                f"{'these settings: ' + given if given else 'the default settings'}: "
+                f"{last_line(exc)}"
+            ) from exc
+
+    @staticmethod
+    def allocate(kv_capacity: int, build: Callable[[], T]) -> T:
+        """``build()``, with any failure to allocate (checked up front against the available
+        memory, or numpy's / the plugin's own) as one error naming the settings to lower."""
+        try:
+            return build()
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "alloc" not in str(exc).lower():
+                raise
+            detail = (
+                str(exc)  # ensure_fits says which buffer, its size and what is available
+                if isinstance(exc, MemoryError) and str(exc)
+                else f"a KV cache of {kv_capacity} tokens ({last_line(exc)})"
+            )
+            raise ValueError(
+                f"cannot allocate {detail}; lower "
+                "max_prompt_len (MAX_PROMPT_LEN), min_response_len (MIN_RESPONSE_LEN) or "
+                "prefix_cache_tokens (PREFIX_CACHE_TOKENS)"
+            ) from exc

@@ -1,0 +1,95 @@
+"""What the pipeline asks of a runner, whichever attention backend it drives.
+
+A runner owns the compiled model(s), the KV cache and which tokens it holds; it takes token ids
+and returns logits (text is the pipeline's).  :class:`~.static_runner.StaticRunner` runs the
+static-shape prefill/generate pair over one shared buffer per layer;
+:class:`~.paged_runner.PagedRunner` runs the CPU plugin's PagedAttention over a paged cache.
+Both report the same accounting through :meth:`Runner.stats`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class CacheInfo(Protocol):
+    """What the accounting reads of a KV cache (shared buffers or paged blocks)."""
+
+    capacity: int
+    precision: str
+
+    @property
+    def bytes_allocated(self) -> int: ...
+
+    def bytes_per_token(self) -> int: ...
+
+
+# on_chunk(positions, logits): the logits rows of each prefill call and their positions
+ChunkHook = Callable[[np.ndarray, np.ndarray], None]
+
+
+class Runner(ABC):
+    """Prefill a prompt, step one token at a time, and say what the KV cache holds."""
+
+    cache: CacheInfo
+    kv_binding: str  # "roi" / "copy" (static shapes) or "paged"
+    reused_tokens: int  # of the last prompt, taken from the cache instead of run
+    # of the KV bytes the host copied (host_bytes_copied): during the last prompt, and at
+    # the prefill -> generate switch (0 by design)
+    prefill_copied_bytes: int
+    switch_copied_bytes: int
+
+    @abstractmethod
+    def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
+        """Run the prompt ``ids`` (after whatever prefix the cache holds); the last logits."""
+
+    @abstractmethod
+    def step(self, token: int) -> np.ndarray:
+        """Feed one generated token; the next logits."""
+
+    @property
+    @abstractmethod
+    def tokens_in_cache(self) -> int:
+        """Tokens of the current sequence whose KV the cache holds."""
+
+    @property
+    @abstractmethod
+    def remaining_capacity(self) -> int:
+        """How many more tokens can be generated before the KV cache is full."""
+
+    @property
+    @abstractmethod
+    def cached_tokens(self) -> int:
+        """Tokens whose KV is kept for later prompts to reuse."""
+
+    @property
+    @abstractmethod
+    def shared_weights(self) -> bool:
+        """True when one compiled model (one copy of the weights) serves both phases."""
+
+    @property
+    @abstractmethod
+    def host_bytes_copied(self) -> int:
+        """KV bytes the host copied (staging, prefix store, block moves)."""
+
+    def stats(self) -> dict[str, Any]:
+        """KV memory and host-copy accounting of the last request."""
+        cache = self.cache
+        return {
+            "kv_bytes_allocated": cache.bytes_allocated,
+            "kv_capacity_tokens": cache.capacity,
+            "kv_bytes_per_token": cache.bytes_per_token(),
+            "kv_precision": cache.precision,
+            "tokens_in_cache": self.tokens_in_cache,
+            "reused_tokens": self.reused_tokens,
+            "cached_tokens": self.cached_tokens,
+            "kv_binding": self.kv_binding,
+            "shared_weights": self.shared_weights,
+            "host_bytes_copied": self.host_bytes_copied,
+            "prefill_host_bytes_copied": self.prefill_copied_bytes,
+            "switch_host_bytes_copied": self.switch_copied_bytes,
+        }
