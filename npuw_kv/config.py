@@ -55,6 +55,37 @@ EXACT_F32 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE
 int8 dynamic quantization of activations for compressed weights)."""
 
 
+_INTS = (
+    "max_prompt_len",
+    "min_response_len",
+    "prefill_chunk_size",
+    "num_threads",
+    "prefix_cache_tokens",
+)
+_BOOLS = ("prefix_reuse", "full_prefill_logits", "static_models")  # static_models: None = auto
+_LOWER = ("kv_precision", "kv_binding", "gguf_zero_points", "attention_backend")
+# the smallest value of each size, and the values each choice allows
+_MINIMUMS = {
+    "prefill_chunk_size": 1,
+    "max_prompt_len": 1,
+    "min_response_len": 1,
+    "prefix_cache_tokens": 0,
+    "num_threads": 0,
+}
+_CHOICES = {
+    "kv_precision": KV_PRECISIONS,
+    "kv_binding": KV_BINDINGS,
+    "attention_backend": ATTENTION_BACKENDS,
+    "gguf_zero_points": GGUF_ZERO_POINTS,
+}
+
+
+def label(name: str) -> str:
+    """A setting's name as messages give it: the field and every alias that sets it."""
+    aliases = [alias for alias, field_name in _ALIASES.items() if field_name == name]
+    return f"{name} ({' / '.join(aliases)})" if aliases else name
+
+
 def _as_bool(key: str, value: Any) -> bool:
     """True/False, or the YES/NO strings OpenVINO properties use (not None, not other types)."""
     if isinstance(value, bool):
@@ -81,19 +112,11 @@ def _as_int(key: str, value: Any) -> int:
 
 def _normalize(name: str, value: Any) -> Any:
     """A setting's value in its field's type, so that two spellings of it compare equal."""
-    if name in (
-        "max_prompt_len",
-        "min_response_len",
-        "prefill_chunk_size",
-        "num_threads",
-        "prefix_cache_tokens",
-    ):
+    if name in _INTS:
         return _as_int(name, value)
-    if name in ("prefix_reuse", "full_prefill_logits") or (
-        name == "static_models" and value is not None  # None: chosen per device
-    ):
+    if name in _BOOLS and not (name == "static_models" and value is None):
         return _as_bool(name, value)
-    if name in ("kv_precision", "kv_binding", "gguf_zero_points", "attention_backend"):
+    if name in _LOWER:
         return str(value).lower()
     return value
 
@@ -133,55 +156,30 @@ class PipelineConfig:
         object.__setattr__(self, "device", device)
         if device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
-        if self.prefill_chunk_size <= 0:
-            raise ValueError(
-                f"prefill_chunk_size (NPUW_LLM_PREFILL_CHUNK_SIZE) must be > 0, "
-                f"got {self.prefill_chunk_size}"
-            )
-        if self.max_prompt_len <= 0:
-            raise ValueError(
-                f"max_prompt_len (MAX_PROMPT_LEN) must be > 0, got {self.max_prompt_len}"
-            )
-        if self.min_response_len < 1:
-            raise ValueError(
-                f"min_response_len (MIN_RESPONSE_LEN) must be >= 1, got {self.min_response_len}"
-            )
-        if self.kv_precision not in KV_PRECISIONS:
-            raise ValueError(
-                f"kv_precision (KV_CACHE_PRECISION) {self.kv_precision!r} not in {KV_PRECISIONS}"
-            )
+        for name, minimum in _MINIMUMS.items():
+            if getattr(self, name) < minimum:
+                raise ValueError(f"{label(name)} must be >= {minimum}, got {getattr(self, name)}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{label(name)} {getattr(self, name)!r} not in {choices}")
         if self.kv_precision == "bf16" and device == "NPU":  # NPUW has no bf16 tensors
             raise ValueError(
-                "kv_precision (KV_CACHE_PRECISION) 'bf16' is not supported on NPU: NPUW feeds "
-                "its sub-models f16 instead; use 'f16' (the same memory) or 'f32'"
+                f"{label('kv_precision')} 'bf16' is not supported on NPU: NPUW feeds its "
+                "sub-models f16 instead; use 'f16' (the same memory) or 'f32'"
             )
-        if self.kv_binding not in KV_BINDINGS:
-            raise ValueError(f"kv_binding (KV_BINDING) {self.kv_binding!r} not in {KV_BINDINGS}")
         self._check_attention_backend()
-        if self.gguf_zero_points not in GGUF_ZERO_POINTS:
-            raise ValueError(
-                f"gguf_zero_points (GGUF_ZERO_POINTS) {self.gguf_zero_points!r} "
-                f"not in {GGUF_ZERO_POINTS}"
-            )
-        if self.prefix_cache_tokens < 0:
-            raise ValueError(
-                f"prefix_cache_tokens (PREFIX_CACHE_TOKENS) must be >= 0, "
-                f"got {self.prefix_cache_tokens}"
-            )
         room = self.prefix_cache_tokens
         if room and not self.paged and room < STORE_BLOCK_TOKENS:
             raise ValueError(
-                "prefix_cache_tokens (PREFIX_CACHE_TOKENS) on the static-shape path is a host "
-                f"store of whole blocks of {STORE_BLOCK_TOKENS} tokens: give 0 or at least "
+                f"{label('prefix_cache_tokens')} on the static-shape path is a host store"
+                f" of whole blocks of {STORE_BLOCK_TOKENS} tokens: give 0 or at least "
                 f"{STORE_BLOCK_TOKENS}, got {self.prefix_cache_tokens}"
             )
-        if self.num_threads < 0:
-            raise ValueError(f"num_threads must be >= 0, got {self.num_threads}")
         if not isinstance(self.npuw_devices, str) or not all(
             _NPUW_DEVICE.fullmatch(d.strip()) for d in self.npuw_devices.split(",")
         ):
             raise ValueError(
-                f"npuw_devices (NPUW_DEVICES) must be a list of NPU, CPU or GPU devices such as "
+                f"{label('npuw_devices')} must be a list of NPU, CPU or GPU devices such as "
                 f"'CPU' or 'NPU,CPU', got {self.npuw_devices!r}"
             )
         chunk = self.prefill_chunk_size
@@ -236,12 +234,7 @@ class PipelineConfig:
         return min(self.total_len, usable)
 
     def _check_attention_backend(self) -> None:
-        backend = self.attention_backend
-        if backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"attention_backend (ATTENTION_BACKEND) {backend!r} not in {ATTENTION_BACKENDS}"
-            )
-        if backend == "pa":
+        if self.attention_backend == "pa":
             sdpa_only = {
                 "device NPU (NPUW runs static models)": self.device == "NPU",
                 "static_models=True": self.static_models is True,
@@ -250,14 +243,14 @@ class PipelineConfig:
             clash = [what for what, bad in sdpa_only.items() if bad]
             if clash:
                 raise ValueError(
-                    f"attention_backend (ATTENTION_BACKEND) 'pa' runs on CPU only, with one "
+                    f"{label('attention_backend')} 'pa' runs on CPU only, with one "
                     f"dynamic model and no views to bind; not with {', '.join(clash)}: "
                     "use attention_backend='sdpa'"
                 )
         elif self.kv_precision == "u8" and not self.paged:
             raise ValueError(
-                "kv_precision (KV_CACHE_PRECISION) 'u8' needs attention_backend "
-                "(ATTENTION_BACKEND) 'pa' on CPU (the device quantises the cache blocks there)"
+                f"{label('kv_precision')} 'u8' needs {label('attention_backend')} 'pa' on CPU "
+                "(the device quantises the cache blocks there)"
             )
 
     @property

@@ -46,7 +46,7 @@ def test_openvino_properties_pass_through():
     ("kwargs", "message"),
     [
         ({"prefill_chunk_size": 0}, "NPUW_LLM_PREFILL_CHUNK_SIZE"),
-        ({"NPUW_LLM_PREFILL_CHUNK_SIZE": -4}, "must be > 0"),
+        ({"NPUW_LLM_PREFILL_CHUNK_SIZE": -4}, "must be >= 1"),
         ({"MIN_RESPONSE_LEN": 0}, "MIN_RESPONSE_LEN"),
         ({"max_prompt_len": "many"}, "expected an integer"),
         ({"kv_precision": "int3"}, "kv_precision"),
