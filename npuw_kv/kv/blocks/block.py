@@ -49,8 +49,9 @@ class KVBlock:
     node: TreeNode | None = None
     #: level in its pool's eviction queue, ``None`` while not reclaimable (in use or pinned)
     queue_level: int | None = None
-    #: bumped each time the free-block path hands the block out (its bytes get overwritten);
-    #: a table slot remembers the generation it took, so a stale slot is never stored
+    #: bumped each time the block is reset (handed out by the free-block path, or emptied
+    #: in the host pool to make room for an offload): its bytes are no longer what any table
+    #: slot recorded. A slot remembers the generation it took, so a stale slot is never stored
     gen: int = 0
     #: block index (in a sequence) whose tokens the bytes hold; ``None`` once they are stale.
     #: Lets ``check_invariants`` catch a block cached or read at a position it was not written for

@@ -6,9 +6,11 @@ raises ``AssertionError`` with a message that names the window, the block and th
 
 The manager never sees K/V values (the runtime writes them), so these checks cannot prove that
 a cached block holds its tokens' rows; they check the bookkeeping that guarantees it (a live
-slot's generation is current, a block is cached or read only at the block position it was
-written for, sizes and refcounts add up). Tests that
-write token-derived bytes check the bytes themselves (``tests/blocks/test_blocks_stateful.py``).
+slot's generation is current, a detached slot whose generation still matches was not reset
+since, a block is cached or read only at the block position it was written for, only cached or
+still storable blocks are queued above the worthless level, sizes and refcounts add up). Tests
+that write token-derived bytes check the bytes themselves (``tests/blocks/test_blocks_stateful.py``,
+``tests/blocks/fuzz_driver.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
             _fail(wm, f"serial {serial}: detached {seq.first_live} blocks, in window of {n} tokens")
         if len(seq.gens) != len(seq.table):
             _fail(wm, f"serial {serial}: {len(seq.gens)} generations for {len(seq.table)} slots")
+        for j, old in enumerate(seq.table[: seq.first_live]):
+            if old is not None and seq.holds_bytes(j) and old.position != j:  # reset, same gen
+                _fail(wm, f"serial {serial}: detached slot {j} still claims {old} reset since")
         for j, b in enumerate(seq.live(), start=seq.first_live):
             holders[b.block_id] += 1
             if b.pool is not PoolKind.PRIMARY:
@@ -81,7 +86,25 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
             _fail(wm, f"live SWA block shared by {b.ref_count} sequences: {b}")
         if b.queue_level == EMPTY_LEVEL and b.node is not None:
             _fail(wm, f"cached {b} sits at the worthless (empty) queue level")
+        if b.queue_level not in (None, EMPTY_LEVEL) and b.node is None and not _kept(wm, b):
+            _fail(wm, f"worthless {b} is queued above the empty level (outlives cached blocks)")
     _check_tree(wm)
+
+
+def _kept(wm: WindowManager, b: KVBlock) -> bool:
+    """True if ``b`` is a detached SWA block its live last owner may still store."""
+    owner = wm.seqs.get(b.last_owner) if b.last_owner is not None else None
+    j = b.position
+    return (
+        wm.tree is not None
+        and wm.group.is_swa
+        and owner is not None
+        and j is not None
+        and j < owner.first_live
+        and owner.table[j] is b
+        and owner.holds_bytes(j)
+        and j < owner.storable_upto(j + 1)
+    )
 
 
 def _check_tree(wm: WindowManager) -> None:

@@ -16,18 +16,17 @@ added in one call therefore holds all its blocks until the next call: add long p
 blocks at a time. ``max_tokens_per_call`` bounds ``C``, so the budget check at construction
 (``min_live_blocks``) can promise that one ``max_seq_len`` sequence always fits.
 
-Each table slot records the block's *generation* (``KVBlock.gen``, bumped every time the
-free-block path hands the block out). A detached slot whose generation no longer matches was
-overwritten by a later owner (possibly this very sequence, at another position), so its bytes
-are not the tokens of that slot and it must never be stored for reuse.
+Each table slot records the block's *generation* (``KVBlock.gen``, bumped every time the block
+is reset: handed out by the free-block path, or emptied in the host pool for an offload). A
+detached slot whose generation no longer matches was reset since (and possibly overwritten by a
+later owner, even this very sequence at another position), so its bytes are not the tokens of
+that slot and it must never be stored for reuse.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from .block import KVBlock
 from .eviction import PrioritySpec
@@ -61,11 +60,21 @@ def min_live_blocks(max_seq_len: int, window: int, tpb: int, chunk: int = 1) -> 
     ``blocks_for(min(n + chunk, max_seq_len)) - detached_after(n + 1)``. Before a call the
     sequence has detached exactly what token ``n`` could not see (``detached_after`` is
     monotone), and a hit of ``k`` blocks starts with the same detached count, so this is exact.
+
+    Two starts suffice (no per-token array: the check runs for any ``max_seq_len``). With
+    ``c = max(1, chunk)`` and ``L = max_seq_len``: up to ``window + tpb - 2`` nothing is
+    detached yet and the peak grows with ``n``; from there to ``L - c`` both terms grow by one
+    every ``tpb`` tokens, so the peak only repeats; past ``L - c`` the call is capped at ``L``
+    and the peak only falls. So the peak is at ``min(window + tpb - 2, L - c)`` or ``L - c + 1``.
     """
-    n = np.arange(max_seq_len, dtype=np.int64)  # tokens held before the call
-    held = -(-np.minimum(n + max(1, chunk), max_seq_len) // tpb)
-    detached = np.maximum(0, (n + 1 - window) // tpb)
-    return int((held - detached).max())
+    c = max(1, chunk)
+    last_full = max_seq_len - c  # last start whose call is not capped by max_seq_len
+    starts = (min(window + tpb - 2, last_full), max(0, last_full + 1))
+    return max(
+        blocks_for(min(n + c, max_seq_len), tpb) - detached_after(n + 1, window, tpb, 0)
+        for n in starts
+        if 0 <= n < max_seq_len
+    )
 
 
 def required_trailing_blocks(window: int, tpb: int) -> int:

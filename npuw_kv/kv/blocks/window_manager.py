@@ -20,12 +20,18 @@ Choices where issue 4 is silent:
   whole. Claiming a cached block does not invalidate (bytes intact). ``last_owner`` alone is
   not enough to decide what a sequence may store, though: a claim moves it without telling the
   previous holder, and the owner may get its own detached block back at a new position. So
-  every hand-out bumps the block's generation and a slot is stored only while the generation
-  it recorded still matches (``SeqBlocks.holds_bytes``).
+  every reset (a hand-out, or a host block emptied for an offload) bumps the block's generation
+  and a slot is stored only while the generation it recorded still matches
+  (``SeqBlocks.holds_bytes``).
+- Invalidating an owner turns the detached blocks it kept only for storing into worthless ones
+  at once (as its removal does), so they are reclaimed before cached blocks instead of taking
+  a cached block's place in the LRU order (or emptying a host block for nothing).
 - The empty block an onboard pushes to the host pool has no owner: it holds nobody's bytes,
   so reusing it later must not invalidate the sequence that onboarded.
 - Full-attention groups store each block as it fills; if two sequences compute the same block,
-  the first one stored stays cached and the other stays private.
+  the first one stored stays cached and the other stays private. Evicting that cached block
+  cuts the later blocks of the private one's sequence from the tree: the sequence stores its
+  chain again on its next call and when it ends (it still holds every byte).
 """
 
 from __future__ import annotations
@@ -207,8 +213,10 @@ class WindowManager:
         seq = self.seqs[serial]
         swa = self.group.is_swa
         upto = seq.storable_upto(len(tokens) // self.tpb)
-        if self.tree is not None and swa and upto:
+        if self.tree is not None and upto and swa:
             self._store_chain(seq, tokens, self.tree.root, 0, upto)
+        elif self.tree is not None and upto:
+            self._store_full(seq, tokens, upto)  # again, if an eviction cut our chain since
         # Full attention: the tail goes first into the LRU queue, so it is evicted first and
         # a cached chain shrinks from its end (evicting its first block would cut every block
         # after it from the tree).  SWA: a deep hit needs only the blocks just before it, so
@@ -219,14 +227,7 @@ class WindowManager:
             assert block is not None
             self._release(seq, block, idx, final=True)
         if self.tree is not None and swa:
-            for j, b in enumerate(seq.table[: seq.first_live]):  # kept for storing, now worthless
-                if (
-                    b is not None
-                    and seq.holds_bytes(j)
-                    and b.node is None
-                    and b.queue_level not in (None, EMPTY_LEVEL)
-                ):
-                    self.pools[b.pool].queue.requeue(b, EMPTY_LEVEL)
+            self._drop_kept(seq)  # kept for storing, now stored or worthless
         del self.seqs[serial]
 
     # ---- internals -----------------------------------------------------------------------
@@ -297,7 +298,6 @@ class WindowManager:
         else:
             self._reset(victim, serial)
         victim.last_owner = serial
-        victim.gen += 1  # its bytes are about to be overwritten: older table slots go stale
         victim.position = index
         return victim
 
@@ -315,10 +315,13 @@ class WindowManager:
         )
 
     def _reset(self, block: KVBlock, taker: int | None = None) -> None:
-        """Forget what ``block`` held: drop it from the tree, invalidate its last owner.
+        """Forget what ``block`` held: drop it from the tree, invalidate its last owner, and
+        bump its generation so every table slot that recorded the old one reads as stale
+        (its bytes are about to be overwritten, or are no longer anyone's).
 
-        Not when the owner is the ``taker``: a sequence that gets its own detached block back
-        loses only that slot's bytes (``holds_bytes``), and its later blocks can still be stored.
+        The owner is not invalidated when it is the ``taker``: a sequence that gets its own
+        detached block back loses only that slot's bytes (``holds_bytes``), and its later blocks
+        can still be stored.
         """
         if block.node is not None:
             assert self.tree is not None
@@ -327,18 +330,35 @@ class WindowManager:
                     self.pools[lost.pool].queue.requeue(lost, EMPTY_LEVEL)
         owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
         if owner is not None and owner.storable and self.group.is_swa and owner.serial != taker:
-            owner.storable = False
-            self.counters.invalidated_sequences += 1
+            self._invalidate(owner)
+        block.gen += 1
         block.last_owner = None
         block.position = None
         block.priority = self.default_priority
 
+    def _invalidate(self, seq: SeqBlocks) -> None:
+        """Mark ``seq`` unstorable; its kept detached blocks become worthless at once, so they
+        are reclaimed before any cached block."""
+        seq.storable = False
+        self.counters.invalidated_sequences += 1
+        self._drop_kept(seq)
+
+    def _drop_kept(self, seq: SeqBlocks) -> None:
+        """Requeue as worthless the detached, uncached blocks ``seq`` kept only to store them."""
+        for j, b in enumerate(seq.table[: seq.first_live]):
+            level = None if b is None or b.node is not None else b.queue_level
+            if b is not None and level not in (None, EMPTY_LEVEL) and seq.holds_bytes(j):
+                self.pools[b.pool].queue.requeue(b, EMPTY_LEVEL)
+
     def _store_full(self, seq: SeqBlocks, tokens: Sequence[int], upto: int) -> None:
-        if seq.stored_depth >= upto:
+        """Cache the full blocks below ``upto`` not stored yet; all of them again if evicting
+        a cached ancestor (a block this sequence computed privately) cut our chain."""
+        node = seq.stored_node
+        cut = node is not None and not node.attached
+        if seq.stored_depth >= upto and not cut:
             return
         assert self.tree is not None
-        node = seq.stored_node
-        if node is None or not node.attached:  # our chain was cut: walk again from the root
+        if node is None or cut:  # walk again from the root
             self._store_chain(seq, tokens, self.tree.root, 0, upto)
         else:
             self._store_chain(seq, tokens, node, seq.stored_depth, upto)
