@@ -55,9 +55,7 @@ class PagedKVCache:
         sizes = {s.name: self.num_blocks for s in specs} | dict(blocks or {})
         if min(sizes.values()) < 1:
             raise ValueError(f"every cache tensor needs >= 1 block, got {sizes}")
-        nbytes = sum(
-            sizes[s.name] * math.prod(s.block_shape) * s.element_type.size for s in specs
-        )
+        nbytes = sum(sizes[s.name] * math.prod(s.block_shape) * s.element_type.size for s in specs)
         ensure_fits(nbytes, f"a paged KV cache of {capacity} tokens")
         self.tensors = {
             s.name: ov.Tensor(s.element_type, [sizes[s.name], *s.block_shape]) for s in specs
