@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.runtime.plan import PromptPlan, generate_inputs, prefill_inputs
+from npuw_kv.runtime.plan import (
+    PromptPlan,
+    Slots,
+    chunk_past_len,
+    generate_inputs,
+    prefill_inputs,
+)
 
 
 @pytest.mark.parametrize(
@@ -87,3 +93,26 @@ def test_continuation_chunks_may_start_in_the_padding():
 def test_impossible_continuations_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PromptPlan(5, 4, **kwargs)
+
+
+def test_slots_follow_a_prompt_and_its_steps_to_the_end_of_the_buffer():
+    """5 tokens in chunks of 4 (3 pad slots), then steps up to a buffer of 10 slots: the last
+    token fed writes scratch (not kept), and nothing more can be fed."""
+    slots = Slots(capacity=10)
+    slots.start(PromptPlan(5, 4))
+    assert (slots.first, slots.next, slots.position) == (3, 8, 5)
+    assert slots.tokens_in_cache == 5 and slots.remaining == 3
+    kept = []
+    while slots.remaining:
+        step = slots.step_inputs(1, past_len=10)
+        assert step.write_slots == (slots.next, slots.next + 1)
+        assert step.position_ids[0, 0] == slots.position
+        kept.append(slots.keeps_next)
+        slots.advance()
+    assert kept == [True, True, False] and slots.tokens_in_cache == 7
+
+
+def test_a_chunk_reads_the_slots_before_it_only_when_its_past_grows():
+    plan = PromptPlan(10, 4)  # pad 2: chunks at slots 0, 4, 8
+    assert [chunk_past_len(plan, k, True, 8) for k in range(3)] == [0, 4, 8]
+    assert [chunk_past_len(plan, k, False, 8) for k in range(3)] == [8, 8, 8]

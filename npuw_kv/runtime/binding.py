@@ -93,10 +93,6 @@ class KVBinding:
         """A zero-length past, for a port that has nothing to read."""
         return self.cache.tensor(self.cache.zeros(name, 0))
 
-    def past_len_for(self, start: int) -> int:
-        """Past slots the request reads when it writes from slot ``start`` (mask length - new)."""
-        return start if self.grow else self.past_len
-
     def reset(self) -> None:
         """Forget what the staging holds (a new prompt rewrites the cache)."""
         self._synced = 0

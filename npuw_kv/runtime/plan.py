@@ -12,6 +12,10 @@ keeps their slots: token i stays at ``first_slot + i`` and the chunks are laid o
 from the prompt's end, so again the last row is the last token.  The first chunk may start
 inside the cached part; it recomputes those rows into their own slots (the same values).
 
+:class:`Slots` is the one owner of this arithmetic while a sequence runs: where the live
+tokens start, where the next token's KV goes, its position, and what the mask of each call
+covers; the runner and the bindings ask it rather than keep counters of their own.
+
 Attention masks follow the stateless graph: ``[past slots..., current tokens...]``.  The past
 part covers slots ``[0, past_len)`` of the buffer; only real, already-written slots are 1.
 """
@@ -66,6 +70,49 @@ class PromptPlan:
     def chunk_slots(self, k: int) -> tuple[int, int]:
         first = self.start + k * self.chunk
         return first, first + self.chunk
+
+
+@dataclass
+class Slots:
+    """The live sequence's slots in a buffer of ``capacity`` slots (MAX_PROMPT_LEN +
+    MIN_RESPONSE_LEN - 1: the last token's KV is never read, its step writes scratch)."""
+
+    capacity: int
+    first: int = 0  # slot of token 0 (after front padding)
+    next: int = 0  # where the next token's KV goes
+    position: int = 0  # the next token's position
+
+    def start(self, plan: PromptPlan) -> None:
+        """The prompt of ``plan`` has run: its tokens fill ``[pad, padded_len)``."""
+        self.first, self.next, self.position = plan.pad, plan.padded_len, plan.num_tokens
+
+    @property
+    def tokens_in_cache(self) -> int:
+        return min(self.next, self.capacity) - self.first
+
+    @property
+    def remaining(self) -> int:
+        """Tokens that can still be fed (the last one's KV goes to scratch)."""
+        return self.capacity + 1 - self.next
+
+    @property
+    def keeps_next(self) -> bool:
+        """Whether the next token's KV lands in the buffer (not the last step's scratch)."""
+        return self.next < self.capacity
+
+    def step_inputs(self, token: int, past_len: int) -> StepInputs:
+        """Inputs of the generate step that feeds ``token`` (``advance`` once it ran)."""
+        return generate_inputs(token, self.next, self.position, self.first, past_len)
+
+    def advance(self) -> None:
+        self.next += 1
+        self.position += 1
+
+
+def chunk_past_len(plan: PromptPlan, k: int, grows: bool, fixed: int) -> int:
+    """Past slots chunk ``k``'s request reads: the slots before the chunk for a request whose
+    past grows with the prompt, else its fixed past (a static model's whole past)."""
+    return plan.chunk_slots(k)[0] if grows else fixed
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ..model.layout import KVLayout
 from ..model.variants import StaticShapes
 from .binding import BoundPort, KVBinding
 from .compile import Requests
-from .plan import PromptPlan, StepInputs, generate_inputs, prefill_inputs
+from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
 from .runner import ChunkHook, Runner
 
@@ -73,9 +73,7 @@ class StaticRunner(Runner):
             kv_binding = "copy"
             self._bind(ports, kv_binding)
         self.kv_binding = kv_binding
-        self._first_slot = 0  # first live slot (after front padding)
-        self._next_slot = 0  # where the next token's KV goes
-        self._next_position = 0
+        self.slots = Slots(self.cache.capacity)
         self.switch_copied_bytes = 0
         self.prefill_copied_bytes = 0
         self._at_switch = False
@@ -106,12 +104,12 @@ class StaticRunner(Runner):
     @property
     def tokens_in_cache(self) -> int:
         # the very last step's KV is discarded, so the count stops at the capacity
-        return min(self._next_slot, self.cache.capacity) - self._first_slot
+        return self.slots.tokens_in_cache
 
     @property
     def remaining_capacity(self) -> int:
         """How many more tokens can be generated before the KV cache is full."""
-        return self.shapes.total_len - self._next_slot
+        return self.slots.remaining
 
     @property
     def cached_tokens(self) -> int:
@@ -153,7 +151,7 @@ class StaticRunner(Runner):
             raise CapacityError.prompt(ids.size, self.shapes.max_prompt_len)
         self.copied.reset()
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
-            self.prefix_store.save(self._cached, self._first_slot)
+            self.prefix_store.save(self._cached, self.slots.first)
         plan, restore = self._plan(ids)
         self._cached = []  # a failure part-way leaves the cache in no state to reuse
         if restore:
@@ -163,8 +161,10 @@ class StaticRunner(Runner):
         self.generate_binding.reset()
         logits = np.empty((1, 0), np.float32)
         for k in range(plan.num_chunks):
-            past_len = self.prefill_binding.past_len_for(plan.chunk_slots(k)[0])
-            inputs = prefill_inputs(ids, plan, k, past_len)
+            binding = self.prefill_binding
+            inputs = prefill_inputs(
+                ids, plan, k, chunk_past_len(plan, k, binding.grow, binding.past_len)
+            )
             self.prefill_binding.before(inputs.write_slots, inputs.write_slots[0])
             logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
             if on_chunk is not None:
@@ -172,9 +172,7 @@ class StaticRunner(Runner):
                 rows = np.arange(*inputs.write_slots)[-logits.shape[0] :] - plan.pad
                 new = rows >= plan.cached  # not padding, and not recomputed cached rows
                 on_chunk(positions[new], logits[new])
-        self._first_slot = plan.pad
-        self._next_slot = plan.padded_len
-        self._next_position = plan.num_tokens
+        self.slots.start(plan)
         self._cached = ids.tolist()
         self.reused_tokens = plan.cached
         self.prefill_copied_bytes = self.copied.bytes
@@ -198,7 +196,7 @@ class StaticRunner(Runner):
         common = shared_prefix(self._cached, ids)
         if common:
             try:
-                plan = PromptPlan(n, chunk, self._first_slot, common)
+                plan = PromptPlan(n, chunk, self.slots.first, common)
             except ValueError:  # its first chunk would start before slot 0
                 plan = best
             if plan.padded_len <= self.shapes.max_prompt_len and plan.num_chunks < best.num_chunks:
@@ -215,23 +213,17 @@ class StaticRunner(Runner):
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.shapes.total_len)
-        inputs = generate_inputs(
-            int(token),
-            self._next_slot,
-            self._next_position,
-            self._first_slot,
-            self.shapes.generate_past,
-        )
+        kept = self.slots.keeps_next
+        inputs = self.slots.step_inputs(int(token), self.shapes.generate_past)
         before = self.copied.bytes
-        self.generate_binding.before(inputs.write_slots, self._next_slot)
+        self.generate_binding.before(inputs.write_slots, inputs.write_slots[0])
         if self._at_switch:
             # roi mode: the generate request already reads the buffer prefill wrote (0 bytes);
             # copy mode: this is where the prompt's KV is staged for the generate request.
             self.switch_copied_bytes = self.copied.bytes - before
             self._at_switch = False
         logits = self._infer(self.requests.generate, self.generate_binding, inputs)
-        if self._next_slot < self.cache.capacity:  # the very last step's KV is not kept
+        if kept:  # the very last step's KV is not kept
             self._cached.append(int(token))
-        self._next_slot += 1
-        self._next_position += 1
+        self.slots.advance()
         return logits[-1].copy()
