@@ -13,6 +13,9 @@ from npuw_kv.config import EXACT_F32, PipelineConfig
 from npuw_kv.errors import CapacityError, CompileError
 from npuw_kv.pipeline import GenerationResult
 
+# most of these run at the device's defaults (u8 KV, the CPU's compute precision)
+pytestmark = pytest.mark.device_defaults
+
 SHAPES = dict(prefill_chunk_size=CHUNK, max_prompt_len=MAX_PROMPT, min_response_len=MIN_RESPONSE)
 
 

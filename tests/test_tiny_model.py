@@ -111,6 +111,7 @@ def test_tiny_cpu_variants_match(tiny_dir, tiny_reference, extra):
     assert (copied > 0) == (extra.get("kv_binding") == "copy")
 
 
+@pytest.mark.device_defaults  # whether the plugin keeps the half-precision round trip
 @pytest.mark.parametrize(("precision", "bound"), [("f16", 0.05), ("bf16", 0.3)])
 def test_tiny_half_precision_kv_stays_close(tiny_dir, precision, bound):
     kwargs = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=40, **EXACT_F32)
@@ -139,6 +140,7 @@ def _plugin_keeps_rounding(dtype: str) -> bool:
     return not np.array_equal(out, value)
 
 
+@pytest.mark.device_defaults
 def test_tiny_bf16_kv_depends_on_the_chunk_no_more_than_f32(tiny_dir):
     """A token attends to the KV as the cache stores it, its own chunk's included (rounded to
     bf16 before attention), so changing the prefill chunk moves bf16-KV logits no more than it
