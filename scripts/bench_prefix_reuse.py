@@ -9,9 +9,9 @@
    A runs cold unless ``--prefix-cache-tokens`` gives it a host store to copy A's blocks back
    from.
 
-Each timed prompt runs twice in the same pipeline: with ``prefix_reuse`` (only the rest runs)
-and without it (every chunk).  Best of 3 after a warm-up; both sides in one process, so compare
-the ratios.
+Each timed prompt runs twice: in a pipeline with ``prefix_reuse`` (only the rest runs) and in
+one without it (every chunk), the two taking turns.  Best of ``--rounds`` (3) after a warm-up;
+both sides in one process, so compare the ratios.
 
     python scripts/bench_prefix_reuse.py [--attention pa|sdpa] [--prefix-cache-tokens N]
 """
@@ -25,11 +25,11 @@ import numpy as np
 from npuw_kv import LLMPipeline
 from npuw_kv.prompts import prompt_ids
 
-FIRST, NEW = 400, 60
+FIRST, NEW = 400, 60  # document and question tokens (--doc-tokens, --question-tokens)
 
 
-def timed(pipe: LLMPipeline, ids: np.ndarray, reuse: bool) -> tuple[float, int]:
-    pipe.runner.prefix_reuse = reuse
+def timed(pipe: LLMPipeline, ids: np.ndarray) -> tuple[float, int]:
+    """TTFT of ``ids`` and how many of its tokens came from the cache."""
     result = pipe.generate(ids, max_new_tokens=8, ignore_eos=True)
     return result.ttft_s, pipe.kv_stats()["reused_tokens"]
 
@@ -49,40 +49,55 @@ def record(
         ttft.setdefault((name, reuse), []).append(seconds)
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attention", default="auto", choices=["auto", "pa", "sdpa"])
     parser.add_argument("--prefix-cache-tokens", type=int, default=0)
-    args = parser.parse_args()
-    pipe = LLMPipeline(
-        None,
-        "CPU",
-        attention_backend=args.attention,
-        prefix_cache_tokens=args.prefix_cache_tokens,
-    )
-    text = prompt_ids(pipe.tokenizer, 2 * FIRST + 100 + NEW)
-    question = text[-NEW:]
-    doc_a, doc_b = text[:FIRST], text[FIRST : 2 * FIRST]
+    parser.add_argument("--doc-tokens", type=int, default=FIRST, help="tokens per document")
+    parser.add_argument("--question-tokens", type=int, default=NEW, help="tokens per question")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds after a warm-up")
+    args = parser.parse_args(argv)
+    if min(args.doc_tokens, args.question_tokens, args.rounds) < 1:
+        parser.error("--doc-tokens, --question-tokens and --rounds must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    # the same pipeline twice: the cache of the one with prefix_reuse off is never read
+    pipes = {
+        reuse: LLMPipeline(
+            None,
+            "CPU",
+            attention_backend=args.attention,
+            prefix_cache_tokens=args.prefix_cache_tokens,
+            prefix_reuse=reuse,
+        )
+        for reuse in (True, False)
+    }
+    first, new = args.doc_tokens, args.question_tokens
+    text = prompt_ids(pipes[True].tokenizer, 2 * first + 100 + new)
+    question = text[-new:]
+    doc_a, doc_b = text[:first], text[first : 2 * first]
     ttft: dict[tuple[str, bool], list[float]] = {}
     reused: dict[str, int] = {}
-    for rep in range(4):
-        for reuse in (True, False):
-            # 1. document A answered (cold), then the chat turn on it
-            pipe.runner.prefix_reuse = False
+    for rep in range(args.rounds + 1):
+        for reuse, pipe in pipes.items():
+            # 1. document A answered, then the chat turn on it
             # a sampled answer and a question never seen before: only this round's document
             # and answer can be reused, not an earlier round's turn
             seed = 2 * rep + reuse
-            first = pipe.generate(
+            answer = pipe.generate(
                 doc_a, max_new_tokens=32, ignore_eos=True, do_sample=True, rng_seed=seed
             )
             ask = np.roll(question, seed)
-            turn = np.array([*doc_a, *first.tokens[:-1], *ask], np.int64)
-            record(ttft, reused, "chat turn", reuse, rep, *timed(pipe, turn, reuse))
-            # 2. a question on document B (cold), then another one on A
-            timed(pipe, np.concatenate([doc_b, ask]), False)
+            turn = np.array([*doc_a, *answer.tokens[:-1], *ask], np.int64)
+            record(ttft, reused, "chat turn", reuse, rep, *timed(pipe, turn))
+            # 2. a question on document B, then another one on A
+            timed(pipe, np.concatenate([doc_b, ask]))
             back = np.concatenate([doc_a, ask[::-1]])
-            record(ttft, reused, "A after B", reuse, rep, *timed(pipe, back, reuse))
-    print(f"backend {pipe.kv_stats()['kv_binding']}")
+            record(ttft, reused, "A after B", reuse, rep, *timed(pipe, back))
+    print(f"backend {pipes[True].kv_stats()['kv_binding']}")
     for name in reused:
         print(
             f"{name}: {reused[name]} tokens reused; TTFT reused "

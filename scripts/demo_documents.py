@@ -7,7 +7,7 @@ prompt runs only the tokens after its document.  Each answer is streamed, follow
 prompt tokens came from the cache and the time to the first token.
 
     python scripts/demo_documents.py [--attention pa|sdpa] [--model DIR_OR_GGUF] \
-        [--prefix-cache-tokens N]
+        [--prefix-cache-tokens N] [--max-new-tokens N]
 
 With ``--attention sdpa`` (the static-shape path) the last prompt stays in its slots and the
 earlier ones' blocks go to a host store, from which a document's blocks are copied back;
@@ -43,6 +43,7 @@ def main() -> None:
         default=None,
         help="KV room for earlier prompts (default: 1024 paged, 2048 sdpa)",
     )
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="per answer")
     args = parser.parse_args()
     # room for earlier prompts, so that both documents (~1000 and ~340 tokens) stay cached:
     # beyond one sequence's MAX_PROMPT_LEN + MIN_RESPONSE_LEN tokens in the paged cache; on the
@@ -60,7 +61,7 @@ def main() -> None:
         print(f"[{name}] {question}")
         result = pipe.generate(
             prompt,
-            max_new_tokens=48,
+            max_new_tokens=args.max_new_tokens,
             streamer=lambda text: print(text, end="", flush=True),
         )
         stats = pipe.kv_stats()

@@ -6,15 +6,22 @@ was located (README, "Speed and memory").  Each runtime runs in its own process.
 
     python scripts/memory_stages.py                      # npuw-kv, genai-cpu, genai-sdpa
     python scripts/memory_stages.py npuw-kv ATTENTION_BACKEND=sdpa  # one runtime, + settings
+
+Through the public API only: the "first chunk" stage is the prompt's first prefill chunk run
+as a prompt of its own, which the full prompt then continues from the KV cache (prefix reuse;
+with ``PREFIX_REUSE=NO`` the full prompt runs that chunk again).  "prefill" is taken when the
+first token is streamed, "decode" after ``--new-tokens`` more steps.
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from typing import Any
 
-RUNTIMES = ("npuw-kv", "genai-cpu", "genai-sdpa")
-PROMPT, NEW_TOKENS = 1000, 64
+RUNTIMES = ("npuw-kv", "genai-cpu", "genai-sdpa")  # the default set
+CHOICES = (*RUNTIMES, "npuw-llm")  # every runtime a worker can load
 
 
 def _mb(key: str) -> int:
@@ -28,7 +35,38 @@ def _stage(name: str) -> None:
     print(f"  {name:<14} anon {anon:5d} MB  file {file:4d} MB  peak {peak:5d} MB", flush=True)
 
 
-def _worker(runtime: str, properties: dict[str, str]) -> None:
+def _npuw_kv(model: Any, ids: Any, new_tokens: int, properties: dict[str, str]) -> None:
+    """Our pipeline, stage by stage; ``new_tokens`` decode steps after the prefill."""
+    import openvino_genai
+
+    from npuw_kv import LLMPipeline
+
+    pipe = LLMPipeline(model, "CPU", **properties)  # settings or OpenVINO properties
+    _stage("load")
+    pipe.generate(ids[: pipe.config.prefill_chunk_size], max_new_tokens=1)
+    _stage("first chunk")
+
+    class FirstToken(openvino_genai.StreamerBase):
+        """Marks the prefill stage when the first token arrives (before any decode step)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen = False
+
+        def write(self, token: Any) -> openvino_genai.StreamingStatus:
+            if not self.seen:
+                self.seen = True
+                _stage("prefill")
+            return openvino_genai.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            pass
+
+    pipe.generate(ids, max_new_tokens=new_tokens + 1, ignore_eos=True, streamer=FirstToken())
+    _stage("decode")
+
+
+def _worker(runtime: str, prompt_len: int, new_tokens: int, properties: dict[str, str]) -> None:
     import numpy as np
     import openvino as ov
     import openvino_genai
@@ -37,45 +75,53 @@ def _worker(runtime: str, properties: dict[str, str]) -> None:
     from npuw_kv.prompts import prompt_ids
 
     model = resolve_model(None)
-    ids = prompt_ids(openvino_genai.Tokenizer(str(model)), PROMPT)
+    ids = prompt_ids(openvino_genai.Tokenizer(str(model)), prompt_len)
     _stage("imports")
     if runtime == "npuw-kv":
-        from npuw_kv import LLMPipeline
-
-        pipe = LLMPipeline(model, "CPU", **properties)  # settings or OpenVINO properties
-        _stage("load")
-        chunks: list[int] = []
-
-        def after_chunk(*_: object) -> None:
-            chunks.append(1)
-            if len(chunks) == 1:
-                _stage("first chunk")
-
-        pipe.runner.prefill(ids, on_chunk=after_chunk)
-        _stage("prefill")
-        for _ in range(NEW_TOKENS):
-            pipe.runner.step(5)
-        _stage("decode")
+        _npuw_kv(model, ids, new_tokens, properties)
         return
     from npuw_kv.bench import genai_pipeline, genai_properties
 
     genai = genai_pipeline(runtime, model, genai_properties(properties), 1024, 128)
     _stage("load")
     config = openvino_genai.GenerationConfig()
-    config.max_new_tokens, config.ignore_eos = NEW_TOKENS, True
+    config.max_new_tokens, config.ignore_eos = new_tokens, True
     genai.generate(ov.Tensor(np.array([ids], np.int64)), config)
     _stage("generate")
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "items",
+        nargs="*",
+        metavar="RUNTIME|KEY=VALUE",
+        help=f"runtimes ({', '.join(CHOICES)}; default {', '.join(RUNTIMES)}) and "
+        "settings or OpenVINO properties for them",
+    )
+    parser.add_argument("--prompt-len", type=int, default=1000, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=int, default=64, help="decode steps")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.runtimes = [a for a in args.items if "=" not in a]
+    args.properties = [a for a in args.items if "=" in a]
+    unknown = [r for r in args.runtimes if r not in CHOICES]
+    if unknown:
+        parser.error(f"unknown runtime(s) {', '.join(unknown)}; choose from {', '.join(CHOICES)}")
+    return args
+
+
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--worker"]:
-        _worker(argv[1], dict(a.split("=", 1) for a in argv[2:]))
+    args = parse(argv)
+    sizes = ["--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
+    if args.worker is not None:
+        properties = dict(a.split("=", 1) for a in args.properties)
+        _worker(args.worker, args.prompt_len, args.new_tokens, properties)
         return
-    runtimes = [a for a in argv if "=" not in a] or list(RUNTIMES)
-    properties = [a for a in argv if "=" in a]
-    for runtime in runtimes:
-        print(runtime, " ".join(properties))
-        subprocess.run([sys.executable, __file__, "--worker", runtime, *properties], check=True)
+    for runtime in args.runtimes or RUNTIMES:
+        print(runtime, " ".join(args.properties), flush=True)
+        worker = [sys.executable, __file__, "--worker", runtime, *sizes, *args.properties]
+        subprocess.run(worker, check=True)
 
 
 if __name__ == "__main__":

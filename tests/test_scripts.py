@@ -1,0 +1,124 @@
+"""Every script in ``scripts/`` (and the measurements folded into the tools) still runs.
+
+Each runs in a subprocess at the smallest size that still does real work: the scripts are not
+imported by anything else, so without this they would break unnoticed.  Asserts exit code 0
+and the lines that show the work was done, not the figures themselves.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+# scripts this file runs; a new script must be added here (test_every_script_is_smoked)
+SMOKED = {
+    "bench_blocks.py",
+    "bench_prefix_reuse.py",
+    "demo_documents.py",
+    "draw_kv_buffer.py",
+    "fuzz_blocks.py",
+    "memory_stages.py",
+    "soak.py",
+}
+
+
+def run(*args: str, timeout: float = 120) -> str:
+    """Run ``python *args`` from the repository root; its stdout, after checking exit code 0."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def script(name: str, *args: str) -> str:
+    return run(str(SCRIPTS / name), *args)
+
+
+def test_every_script_is_smoked() -> None:
+    assert {p.name for p in SCRIPTS.glob("*.py")} == SMOKED
+
+
+def test_bench_blocks() -> None:
+    out = script("bench_blocks.py", "--quick")
+    assert "hit rate" in out
+
+
+def test_fuzz_blocks() -> None:
+    out = script("fuzz_blocks.py", "--ops", "1000", "--seed", "1")
+    assert re.search(r"checked: [1-9]\d* live rows", out), out
+
+
+def test_draw_kv_buffer(tmp_path: Path) -> None:
+    svg = tmp_path / "kv.svg"
+    script("draw_kv_buffer.py", "--out", str(svg))
+    assert "<svg" in svg.read_text()[:500]
+
+
+def test_memory_stages() -> None:
+    out = script(
+        "memory_stages.py", "npuw-kv", "genai-cpu", "--prompt-len", "300", "--new-tokens", "4"
+    )
+    stages = re.findall(r"^  (\w[\w ]*?) +anon +\d+ MB", out, re.MULTILINE)
+    ours = ["imports", "load", "first chunk", "prefill", "decode"]
+    assert stages == [*ours, "imports", "load", "generate"], out
+
+
+def test_bench_prefix_reuse() -> None:
+    out = script(
+        "bench_prefix_reuse.py", "--doc-tokens", "64", "--question-tokens", "16", "--rounds", "1"
+    )
+    assert "backend paged" in out
+    reused = dict(re.findall(r"^(chat turn|A after B): (\d+) tokens reused; TTFT", out, re.M))
+    assert set(reused) == {"chat turn", "A after B"}, out
+    assert all(int(n) > 0 for n in reused.values()), out  # the paged cache keeps document A
+
+
+def test_demo_documents() -> None:
+    out = script("demo_documents.py", "--max-new-tokens", "4")
+    assert "attention backend: paged" in out
+    reused = [int(n) for n in re.findall(r"-> (\d+) of \d+ prompt tokens from the cache", out)]
+    assert len(reused) == 5, out
+    assert reused[0] == 0 and reused[2] > 0, out  # json again: its document from the cache
+
+
+def test_soak() -> None:
+    # varied mode: a few calls have no goals to miss (the peak-RSS goal starts at call 20),
+    # so this checks that the loop and its accounting run
+    out = script("soak.py", "--mode", "varied", "--calls", "3", "--every", "1")
+    assert len(re.findall(r"^call +\d+ +rss", out, re.MULTILINE)) == 3, out
+    assert "summary (varied" in out
+
+
+def test_bench_snippet_kernels() -> None:
+    """What used to be scripts/snippet_kernel_memory.py (docs/measurements.md)."""
+    out = run("-m", "npuw_kv.bench", "--snippet-kernels")
+    rows = re.findall(r"^ +\d+ +\d+ +[\d.]+ +[\d.]+ +([\d.]+)$", out, re.MULTILINE)
+    assert len(rows) == 4 and all(float(mb) > 0 for mb in rows), out
+
+
+def test_accuracy_default_parts(tmp_path: Path) -> None:
+    """What used to be scripts/accuracy_variants.py: one part of the CPU defaults, reported."""
+    mode = "u8-kv"
+    out = run(
+        "-m",
+        "npuw_kv.cli",
+        "accuracy",
+        "--prompt-lens",
+        "64",
+        "--new-tokens",
+        "4",
+        "--devices",
+        "CPU,NPU",
+        "--modes",
+        mode,
+        "--no-peer",
+        "--out",
+        str(tmp_path),
+    )
+    assert re.search(rf"^CPU/{mode}/C256/64 +\d/4 .* report +yes *$", out, re.MULTILINE), out
+    assert f"NPU/{mode}/C256/64" in out and "n/a: one part of the CPU's defaults" in out
