@@ -122,3 +122,17 @@ def test_a_long_chat_keeps_reusing_its_cache(smol_dir):
     share = sum(reused[1:]) / sum(prompts[1:])
     print(f"{trims} trims, reused {share:.0%} of the prompt tokens")
     assert share >= 0.5
+
+
+@pytest.mark.parametrize("device", ["CPU", "NPU"])
+def test_an_absurd_length_is_refused_before_compiling(smol_dir, device, monkeypatch):
+    """A model that declares no trained context cannot cap MAX_PROMPT_LEN: the KV it would need
+    is checked before static shapes of that length reach the compiler."""
+    monkeypatch.setattr("npuw_kv.pipeline.trained_context", lambda model_dir: None)
+    monkeypatch.setattr(
+        "npuw_kv.runtime.build.compile_requests", lambda *a: pytest.fail("compiled first")
+    )
+    with pytest.raises(ValueError, match=r"cannot allocate a KV cache of \d+ tokens.*MAX_PROMPT"):
+        LLMPipeline(
+            smol_dir, device, attention_backend="sdpa", max_prompt_len=10**9, prefill_chunk_size=64
+        )

@@ -49,12 +49,17 @@ class SharedKVCache:
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
-        per_token = sum(s.num_heads * s.head_dim for s in specs) * self.dtype.itemsize
-        ensure_fits(per_token * capacity, f"a KV cache of {capacity} tokens")
+        ensure_fits(self.nbytes_for(specs, capacity, precision), f"a KV cache of {capacity} tokens")
         self.buffers = {
             s.name: np.zeros((1, s.num_heads, capacity, s.head_dim), self.dtype) for s in specs
         }
         self._parents = {name: self.tensor(buf) for name, buf in self.buffers.items()}
+
+    @staticmethod
+    def nbytes_for(specs: list[KVSpec], capacity: int, precision: str) -> int:
+        """What the buffers of ``specs`` take for ``capacity`` slots, before allocating them."""
+        itemsize = np.dtype(KV_STORAGE[precision][0]).itemsize
+        return sum(s.num_heads * s.head_dim for s in specs) * capacity * itemsize
 
     def _check(self, start: int, stop: int) -> None:
         if not 0 <= start < stop <= self.capacity:

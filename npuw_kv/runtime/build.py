@@ -20,6 +20,8 @@ import openvino as ov
 
 from ..config import STORE_BLOCK_TOKENS, PipelineConfig
 from ..errors import CompileError
+from ..kv.cache import KVSpec, SharedKVCache
+from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window
@@ -98,6 +100,8 @@ def build_runner(
         config.full_prefill_logits,
         declared_window(model_dir, kv_capacity),
     )
+    # before compiling: static shapes of an absurd length would cost the compiler first
+    build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
     requests = build.compile(lambda: compile_requests(core, prepared, layout, config, shapes))
     runner = build.allocate(
         kv_capacity,
@@ -112,6 +116,13 @@ def build_runner(
     )
     logits = requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
     return Built(runner, config, _vocab(logits), layout)
+
+
+def _check_kv_fits(layout: KVLayout, slots: int) -> None:
+    specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
+    ensure_fits(
+        SharedKVCache.nbytes_for(specs, slots, layout.precision), f"a KV cache of {slots} tokens"
+    )
 
 
 def _vocab(logits: ov.Output) -> int:
