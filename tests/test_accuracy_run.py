@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from npuw_kv.accuracy.report import table
 from npuw_kv.accuracy.run import PEER_SLACK, Result, _gate_against_peer, _run_one
@@ -149,3 +150,10 @@ def test_a_mode_the_device_lacks_is_reported_not_run():
     assert row.passed and row.error is not None and "no bf16" in row.error
     shown = table([row])
     assert "n/a: NPUW has no bf16" in shown and "ERROR" not in shown
+
+
+def test_an_unknown_mode_is_refused_before_any_reference_runs(tmp_path):
+    from npuw_kv.accuracy.run import run_matrix
+
+    with pytest.raises(ValueError, match="unknown accuracy mode 'bogus'; choose from exact"):
+        run_matrix(tmp_path / "no-model", [16], 4, ["CPU"], ["exact", "bogus"], [256])

@@ -167,6 +167,9 @@ def run_matrix(
 
     ``torch_source``: weights for the PyTorch peer (a GGUF or a transformers directory).
     """
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:  # before any reference runs: a typo should not cost the matrix
+        raise ValueError(f"unknown accuracy mode {unknown[0]!r}; choose from {', '.join(MODES)}")
     results: list[Result] = []
     torch: TorchReference | Exception | None = None  # loaded on first use, once
     genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
