@@ -15,14 +15,14 @@ from npuw_kv.config import EXACT_F32
 
 def test_two_threads_get_what_one_thread_gets(any_pipe, text_ids):
     """Calls from two threads are serialized: every result equals the single-threaded one."""
-    prompts = [text_ids(90)[i * 7 : i * 7 + 30 + 9 * i] for i in range(6)]
+    prompts = [text_ids(90)[i * 7 : i * 7 + 30 + 9 * i] for i in range(4)]
     want = [any_pipe.generate(p, max_new_tokens=6, ignore_eos=True).tokens for p in prompts]
     got: dict[tuple[int, int], list[int]] = {}
     errors: list[BaseException] = []
 
     def worker(thread: int) -> None:
         try:
-            for round_ in range(3):
+            for round_ in range(2):
                 for i in range(thread, len(prompts), 2):
                     result = any_pipe.generate(prompts[i], max_new_tokens=6, ignore_eos=True)
                     got[(i, round_)] = result.tokens
@@ -35,7 +35,7 @@ def test_two_threads_get_what_one_thread_gets(any_pipe, text_ids):
     for t in threads:
         t.join()
     assert not errors, errors
-    assert len(got) == 3 * len(prompts)
+    assert len(got) == 2 * len(prompts)
     for (i, _), tokens in got.items():
         assert tokens == want[i], f"prompt {i}"
 
