@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the VSWA block manager (prints figures, asserts nothing).
 
-1. Operations per second for add / extend / remove with reuse on.
+1. Operations per second for add_sequence / add_tokens / remove_sequence with reuse on.
 2. Blocks and bytes one sequence needs for a Gemma-3-like layout (5 SWA-512 layers : 1 full)
    at 4k / 8k / 32k context, against the same model with full attention everywhere.
 3. Prefix-cache hit rate on a synthetic multi-turn chat trace.
@@ -45,7 +45,7 @@ def manager(
         tokens_per_block=32,
         window_size_shares=shares,
     )
-    return KVBlockManager(cfg, env={})
+    return KVBlockManager(cfg)
 
 
 def add_chunked(mgr: KVBlockManager, sid: object, prompt: list[int], chunk: int) -> int:
@@ -67,7 +67,7 @@ def bench_ops(quick: bool) -> None:
     prefixes = [[rng.randrange(32000) for _ in range(rng.randrange(64, 1024))] for _ in range(8)]
     times: dict[str, list[float]] = {
         "add (65-1279 tok)*": [],
-        "extend (1 token)": [],
+        "add_tokens (1 token)": [],
         "remove": [],
     }
     live: list[int] = []
@@ -82,7 +82,7 @@ def bench_ops(quick: bool) -> None:
         for _ in range(decode):
             t0 = time.perf_counter()
             mgr.add_tokens(sid, [rng.randrange(32000)])
-            times["extend (1 token)"].append(time.perf_counter() - t0)
+            times["add_tokens (1 token)"].append(time.perf_counter() - t0)
         if len(live) > 8:
             victim = live.pop(rng.randrange(len(live)))
             t0 = time.perf_counter()
@@ -91,7 +91,7 @@ def bench_ops(quick: bool) -> None:
     for name, ts in times.items():
         total = sum(ts)
         print(
-            f"  {name:18s} {len(ts):7d} calls  {len(ts) / total:10.0f} ops/s  "
+            f"  {name:20s} {len(ts):7d} calls  {len(ts) / total:10.0f} ops/s  "
             f"{1e6 * total / len(ts):8.1f} us/call"
         )
     print("  (* lookup + add_sequence + add_tokens per 512-token chunk, as a runtime does)")

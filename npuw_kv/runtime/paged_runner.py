@@ -112,38 +112,16 @@ class PagedRunner(Runner):
 
     def _new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
-        size = self.cache.block_size
-        windows = sorted(self._pool_blocks)
-        # bytes of one block of each window's layers (u8: the manager counts slots, not bytes)
-        block_bytes = {
-            w: sum(
-                2 * s.num_kv_heads * s.head_dim
-                for s in self._layers
-                if (s.window or self.capacity) == w
-            )
-            * size
-            for w in windows
-        }
-        # a budget and shares that give each window exactly its pool (half a block of slack
-        # against rounding)
-        parts = [(self._pool_blocks[w] + 0.5) * block_bytes[w] for w in windows]
         config = BlockManagerConfig(
             layers=self._layers,
             max_seq_len=self.capacity,
-            kv_budget_bytes=int(sum(parts)),
-            tokens_per_block=size,
-            dtype="uint8",  # counts slots only: the manager holds no bytes
-            window_size_shares=[p / sum(parts) for p in parts] if len(windows) > 1 else None,
+            primary_blocks=self._pool_blocks,
+            tokens_per_block=self.cache.block_size,
             # blocks are stored even while ``prefix_reuse`` is off, so turning it on finds them
             enable_reuse=True,
-            max_tokens=self._pool_blocks[windows[0]] * size if len(windows) == 1 else None,
             max_tokens_per_call=self.chunk,
         )
-        manager = KVBlockManager(config, env={}, copy_slots=self._copy_block)
-        for w in windows:
-            if manager.groups[w].primary_blocks != self._pool_blocks[w]:
-                raise RuntimeError(f"window {w}: block manager pool differs from the cache")
-        return manager
+        return KVBlockManager(config, copy_slots=self._copy_block)
 
     def _copy_block(
         self, window: int, src_pool: PoolKind, src: int, dst_pool: PoolKind, dst: int

@@ -61,13 +61,12 @@ class HostPrefixCache:
         config = BlockManagerConfig(
             layers=specs,
             max_seq_len=slots,
-            kv_budget_bytes=slots * per_token,
+            primary_blocks={slots: slots // tpb},
             tokens_per_block=tpb,
             dtype=cache.dtype.name,
-            max_tokens=slots,
             max_tokens_per_call=slots,
         )
-        self.blocks = KVBlockManager(config, env={})
+        self.blocks = KVBlockManager(config)
         self._window = next(iter(self.blocks.windows))
         self._seq = 0
         self.copied = counter
@@ -82,8 +81,8 @@ class HostPrefixCache:
 
     def lookup(self, ids: np.ndarray) -> int:
         """Tokens of ``ids`` whose KV the store holds (whole blocks, one token at least left)."""
-        # one token past the longest storable prefix, so that prefix can be a hit
-        return self.blocks.lookup([int(t) for t in ids[: self.capacity + 1]]).hit_tokens
+        limit = max(0, min(len(ids) - 1, self.capacity))
+        return self.blocks.lookup([int(t) for t in ids[:limit]], max_hit_tokens=limit).hit_tokens
 
     def save(self, tokens: Sequence[int], first_slot: int) -> None:
         """Copy the whole blocks of ``tokens`` (token i in slot ``first_slot + i``) that the
@@ -92,9 +91,9 @@ class HostPrefixCache:
         if not whole:
             return
         tokens = [int(t) for t in tokens[:whole]]
-        # all stored already (a hit leaves one token over, so ask with one more): nothing to
-        # copy, and no slot taken from another prefix for a block the tree has
-        if self.blocks.lookup([*tokens, -1]).hit_tokens == len(tokens):
+        # all stored already: nothing to copy, and no slot taken from another prefix for a
+        # block the tree has
+        if self.blocks.lookup(tokens, max_hit_tokens=len(tokens)).hit_tokens == len(tokens):
             return
         self._seq += 1
         reused = self.blocks.add_sequence(self._seq, tokens)

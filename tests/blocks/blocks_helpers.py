@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,26 +24,52 @@ def build(
     ``blocks``/``host`` give the exact primary/host block count per window, in ascending
     window order (None = full attention = max_seq_len, i.e. last).
     """
-    block_bytes = 4 * tpb
-    total = sum(blocks)
-    host = host or [0] * len(blocks)
-    host_total = sum(host)
+    keys = sorted({max_seq_len if w is None else w for w in windows})
     cfg = BlockManagerConfig(
         layers=[LayerSpec(w, 1, 1) for w in windows],
         max_seq_len=max_seq_len,
-        kv_budget_bytes=total * block_bytes + block_bytes // 2,
-        host_budget_bytes=host_total * block_bytes + (block_bytes // 2 if host_total else 0),
+        primary_blocks=dict(zip(keys, blocks, strict=True)),
+        host_blocks=dict(zip(keys, host, strict=True)) if host else None,
         tokens_per_block=tpb,
-        window_size_shares=[b / total for b in blocks],
         **kwargs,  # type: ignore[arg-type]
     )
-    mgr = KVBlockManager(cfg, env={})
-    for g, b in zip(mgr.groups.values(), blocks, strict=True):
-        assert g.primary_blocks == b
-    if host_total:
-        for g, h in zip(mgr.groups.values(), host, strict=True):
-            assert g.host_blocks == h, (g.window, g.host_blocks, h)
-    return mgr
+    return KVBlockManager(cfg)
+
+
+class Runtime:
+    """Drives a manager like an engine: every call writes its rows, every read row is checked."""
+
+    def __init__(self, mgr: KVBlockManager) -> None:
+        self.mgr = mgr
+        self.tokens: dict[object, list[int]] = {}
+
+    def add(self, sid: object, tokens: list[int], **kwargs: Any) -> int:
+        hit = self.mgr.add_sequence(sid, tokens, **kwargs)
+        self.tokens[sid] = list(tokens)
+        check_read_rows(self.mgr, sid, tokens, hit)
+        write_prefix_rows(self.mgr, sid, tokens, hit)
+        return hit
+
+    def add_tokens(self, sid: object, new: list[int]) -> None:
+        n_old = len(self.tokens[sid])
+        self.mgr.add_tokens(sid, new)
+        self.tokens[sid] += new
+        check_read_rows(self.mgr, sid, self.tokens[sid], n_old)
+        write_prefix_rows(self.mgr, sid, self.tokens[sid], n_old)
+
+    def add_chunked(self, sid: object, tokens: list[int], chunk: int) -> int:
+        """The runtime protocol: look up, add a chunk after the hit, then chunk by chunk."""
+        first = self.mgr.lookup(tokens).hit_tokens + chunk
+        hit = self.add(sid, tokens[:first])
+        for i in range(first, len(tokens), chunk):
+            self.add_tokens(sid, tokens[i : i + chunk])
+        return hit
+
+    def remove(self, sid: object) -> None:
+        self.mgr.remove_sequence(sid)
+        del self.tokens[sid]
+        self.mgr.check_invariants()
+        check_tree_bytes(self.mgr)
 
 
 def fill_rows(mgr: KVBlockManager, seq_id: object, start: int, stop: int, seed: int) -> None:

@@ -91,7 +91,7 @@ class Driver:
         self.ep, self.rng, self.stats = ep, rng, stats
         self.store = ExternalStore() if ep.external else OwnStore()
         copier = self.store.copy if isinstance(self.store, ExternalStore) else None
-        self.mgr = KVBlockManager(ep.config(), env={}, copy_slots=copier)
+        self.mgr = KVBlockManager(ep.config(), copy_slots=copier)
         for g, b in zip(self.mgr.groups.values(), ep.blocks, strict=True):
             assert g.primary_blocks == b and g.bytes_per_token == ROW_BYTES, (g, b)
         self.store.bind(self.mgr)

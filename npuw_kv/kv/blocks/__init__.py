@@ -6,6 +6,8 @@ Public API::
                              max_seq_len=32768, kv_budget_bytes=2 << 30,
                              host_budget_bytes=4 << 30,
                              max_tokens_per_call=512)        # largest prefill chunk
+    # or in blocks per window (full attention keyed by max_seq_len):
+    #   BlockManagerConfig(layers, max_seq_len=32768, primary_blocks={512: 40, 32768: 1024})
     mgr = KVBlockManager(cfg)
     hit = mgr.lookup(prompt_ids).hit_tokens          # then add at most 512 tokens a call:
     reused = mgr.add_sequence("req-1", prompt_ids[: hit + 512])  # == hit
@@ -15,7 +17,8 @@ Public API::
     mgr.remove_sequence("req-1")
     mgr.stats(); mgr.drain_events(); mgr.check_invariants()
 
-Nothing here imports OpenVINO; storage is numpy.
+Nothing here imports OpenVINO or reads the environment (``with_env_shares`` applies
+``NPUW_KV_WINDOW_SIZE_SHARES`` for a settings layer); storage is numpy.
 """
 
 from .block import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVBlock, PoolKind
@@ -28,6 +31,8 @@ from .config import (
     plan_windows,
     resolve_shares,
     uniform_layers,
+    window_sizes,
+    with_env_shares,
 )
 from .errors import (
     BlockManagerError,
@@ -78,4 +83,6 @@ __all__ = [
     "plan_windows",
     "resolve_shares",
     "uniform_layers",
+    "window_sizes",
+    "with_env_shares",
 ]

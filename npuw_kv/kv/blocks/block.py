@@ -1,4 +1,5 @@
-"""One KV cache block: the unit the pools hand out, the tree caches and the policy evicts.
+"""One KV cache block (the unit the pools hand out, the tree caches and the policy evicts) and
+the reuse-tree node that caches it.
 
 A block object is a *logical* block: its identity (tree node, refcount, priority, last owner)
 stays with it when its bytes move between the primary and the host pool (so does ``gen``:
@@ -7,17 +8,15 @@ swap the physical location (``pool``, ``slot``) of two block objects after copyi
 so a cached block keeps its place in the reuse tree wherever its bytes live.
 
 The block's hash and tokens live on its tree node (``node``): a block outside the tree has no
-reusable identity, which is exactly when its contents may be overwritten.
+reusable identity, which is exactly when its contents may be overwritten. A block points at its
+node and a node at its block, so both types live here; the tree that links the nodes
+(``reuse_tree.py``) builds on them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .reuse_tree import TreeNode
 
 #: Priorities are integers in [MIN_PRIORITY, MAX_PRIORITY]; higher survives longer.
 MIN_PRIORITY = 0
@@ -73,3 +72,22 @@ class KVBlock:
             f"prio={self.priority}, owner={self.last_owner}, cached={self.node is not None}, "
             f"level={self.queue_level}, gen={self.gen})"
         )
+
+
+class TreeNode:
+    """One full block position in the reuse tree: the tokens it is keyed by, the chained hash of
+    the prefix ending with it, and the block holding its bytes (``None``: hollow)."""
+
+    __slots__ = ("key", "block_hash", "parent", "children", "block", "attached", "depth")
+
+    def __init__(self, key: tuple[int, ...], parent: TreeNode | None, block_hash: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        self.block_hash = block_hash
+        self.children: dict[tuple[int, ...], TreeNode] = {}
+        self.block: KVBlock | None = None
+        self.attached = True
+
+    def __repr__(self) -> str:
+        return f"TreeNode(depth={self.depth}, hash={self.block_hash}, block={self.block})"

@@ -1,38 +1,44 @@
-"""Configuration: layers grouped by attention window, memory shares, pool sizing.
+"""Configuration: layers grouped by attention window, pool sizing in bytes or in blocks.
 
-Everything derived from the model layout and the budget is computed and validated once here.
+Everything derived from the model layout and the pool sizes is computed and validated once here.
 
-Choices where issue 4 is silent (a user of a real inference engine would expect these):
+Design choices:
 
 - ``tokens_per_block`` defaults to 32 (TensorRT-LLM's default; vLLM uses 16).
 - A layer window of ``None`` or ``max_seq_len`` is full attention; a window above
   ``max_seq_len`` is an error (it would silently be full attention, almost always a typo).
+  Windows are keyed by size, full attention by ``max_seq_len`` (``window_sizes``).
 - Bytes per token of a group = sum over its layers of ``2 * num_kv_heads * head_dim *
   itemsize`` (K and V); layers may differ in heads/head_dim.
-- Shares: an explicit ``window_size_shares`` setting wins over ``NPUW_KV_WINDOW_SIZE_SHARES``
-  (code is more specific than the environment); a warning says the env var was ignored. With
-  neither, the budget is split equally. The host budget uses the same shares.
-- Pool size = ``floor(budget * share / (bytes_per_token * tokens_per_block))`` blocks, per part.
-- ``max_tokens`` caps a single-window pool at ``ceil(max_tokens / tpb)`` blocks; with several
-  windows it is ignored with a warning (shares and budget decide, as in TensorRT-LLM).
+- Pools are sized one of two ways, never both. In bytes: ``kv_budget_bytes`` (and
+  ``host_budget_bytes``) split by ``window_size_shares`` (equal when unset), each window's pool
+  ``floor(budget * share / (bytes_per_token * tokens_per_block))`` blocks. In blocks:
+  ``primary_blocks`` (and ``host_blocks``) per window, for a caller that already knows its
+  block counts (a runtime whose cache tensors hold a fixed number of blocks).
+- The manager never reads the environment. ``with_env_shares`` is for the settings layer: it
+  applies ``NPUW_KV_WINDOW_SIZE_SHARES`` unless ``window_size_shares`` is set (code is more
+  specific than the environment; a warning says the variable was ignored).
+- ``max_tokens`` caps a single-window pool sized in bytes at ``ceil(max_tokens / tpb)`` blocks;
+  with several windows it is ignored with a warning (shares and budget decide, as in
+  TensorRT-LLM).
 - ``max_tokens_per_call`` (default 512, vLLM's classic chunked-prefill size) bounds the tokens
   one call may add (``add_sequence`` counts the tokens after the prefix hit). A call holds all
-  the blocks its tokens need until the next call (see ``sequence.py``), so the budget check
+  the blocks its tokens need until the next call (see ``sequence.py``), so the size check
   must know the largest call: with it, the check can promise that one sequence of
   ``max_seq_len`` tokens, added in calls of at most that many tokens, fits an empty manager.
   An SWA window then needs about ``(window + max_tokens_per_call) / tpb + 1`` blocks; lower the
-  setting for a smaller budget, raise it (up to ``max_seq_len``) to add whole prompts at once.
+  setting for smaller pools, raise it (up to ``max_seq_len``) to add whole prompts at once.
 - A window whose pool cannot hold one such sequence is rejected at construction with the bytes
-  needed.
+  (or blocks) needed.
 """
 
 from __future__ import annotations
 
 import math
-import os
+import operator
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -55,11 +61,16 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class BlockManagerConfig:
-    """User-facing settings of the block manager."""
+    """User-facing settings of the block manager.
+
+    Size the pools either in bytes (``kv_budget_bytes``, ``host_budget_bytes``,
+    ``window_size_shares``, ``max_tokens``) or in blocks per window (``primary_blocks``,
+    ``host_blocks``, keyed like ``window_sizes``).
+    """
 
     layers: Sequence[LayerSpec]
     max_seq_len: int
-    kv_budget_bytes: int
+    kv_budget_bytes: int | None = None
     host_budget_bytes: int = 0
     tokens_per_block: int = 32
     dtype: str = "float16"
@@ -69,8 +80,21 @@ class BlockManagerConfig:
     default_priority: int = DEFAULT_PRIORITY
     #: victims with priority >= this are offloaded to the host pool when it has room
     offload_min_priority: int = DEFAULT_PRIORITY
-    #: most tokens one call may add (the prefill chunk); the budget check is sized for it
+    #: most tokens one call may add (the prefill chunk); the size check is sized for it
     max_tokens_per_call: int = 512
+    #: primary blocks per window (instead of ``kv_budget_bytes``)
+    primary_blocks: Mapping[int, int] | None = None
+    #: host blocks per window (with ``primary_blocks``); a window left out gets none
+    host_blocks: Mapping[int, int] | None = None
+
+    @property
+    def sized_in_blocks(self) -> bool:
+        return self.primary_blocks is not None
+
+    @property
+    def pool_setting(self) -> str:
+        """The setting that sizes the primary pools (named in errors that ask for more)."""
+        return "primary_blocks" if self.sized_in_blocks else "kv_budget_bytes"
 
 
 def uniform_layers(
@@ -78,6 +102,13 @@ def uniform_layers(
 ) -> tuple[LayerSpec, ...]:
     """Layer specs with the same KV shape and the given windows, in layer order."""
     return tuple(LayerSpec(w, num_kv_heads, head_dim) for w in windows)
+
+
+def window_sizes(cfg: BlockManagerConfig) -> list[int]:
+    """The window groups' keys, ascending: each layer's window, ``max_seq_len`` for full."""
+    return sorted(
+        {cfg.max_seq_len if layer.window is None else layer.window for layer in cfg.layers}
+    )
 
 
 @dataclass(frozen=True)
@@ -96,6 +127,7 @@ class WindowGroup:
     min_blocks_per_seq: int
     #: ``min(max_tokens_per_call, max_seq_len)``: the chunk ``min_blocks_per_seq`` is sized for
     max_tokens_per_call: int
+    #: this window's part of the primary bytes (its budget share, or what its blocks come to)
     share: float
     primary_blocks: int
     host_blocks: int
@@ -122,24 +154,12 @@ def parse_shares(text: str, source: str = SHARES_ENV) -> list[float]:
 
 
 def resolve_shares(
-    windows: Sequence[int],
-    setting: Sequence[float] | None,
-    env: Mapping[str, str] | None = None,
+    windows: Sequence[int], setting: Sequence[float] | None, source: str = "window_size_shares"
 ) -> list[float]:
-    """Normalised share per window (ascending window order)."""
-    env = os.environ if env is None else env
-    env_text = env.get(SHARES_ENV, "").strip()
-    if setting is not None:
-        values, source = [float(v) for v in setting], "window_size_shares"
-        if env_text:
-            warnings.warn(
-                f"{SHARES_ENV}={env_text!r} ignored: window_size_shares={list(values)} is set",
-                stacklevel=3,
-            )
-    elif env_text:
-        values, source = parse_shares(env_text), SHARES_ENV
-    else:
+    """Normalised share per window (ascending window order); equal when ``setting`` is None."""
+    if setting is None:
         return [1.0 / len(windows)] * len(windows)
+    values = [float(v) for v in setting]
     if len(values) != len(windows):
         raise SharesError(
             f"{source} has {len(values)} values but the model has {len(windows)} window sizes "
@@ -154,6 +174,30 @@ def resolve_shares(
     return [v / total for v in values]
 
 
+def with_env_shares(cfg: BlockManagerConfig, env: Mapping[str, str]) -> BlockManagerConfig:
+    """``cfg`` with the shares ``NPUW_KV_WINDOW_SIZE_SHARES`` gives in ``env``, checked against
+    the model's windows (errors name the variable).
+
+    For the settings layer: the manager itself never reads the environment. A set
+    ``window_size_shares`` wins, and pools sized in blocks take no shares; either way a warning
+    says the variable was ignored.
+    """
+    text = env.get(SHARES_ENV, "").strip()
+    if not text:
+        return cfg
+    if cfg.window_size_shares is not None or cfg.sized_in_blocks:
+        why = (
+            "pools are sized in blocks (primary_blocks)"
+            if cfg.sized_in_blocks
+            else f"window_size_shares={list(cfg.window_size_shares or ())} is set"
+        )
+        warnings.warn(f"{SHARES_ENV}={text!r} ignored: {why}", stacklevel=2)
+        return cfg
+    values = parse_shares(text, SHARES_ENV)
+    resolve_shares(window_sizes(cfg), values, SHARES_ENV)
+    return replace(cfg, window_size_shares=values)
+
+
 def _validate(cfg: BlockManagerConfig) -> np.dtype:
     if not cfg.layers:
         raise ConfigError("layers is empty; give one LayerSpec per attention layer")
@@ -161,8 +205,6 @@ def _validate(cfg: BlockManagerConfig) -> np.dtype:
         raise ConfigError(f"max_seq_len={cfg.max_seq_len} must be >= 1")
     if cfg.tokens_per_block < 1:
         raise ConfigError(f"tokens_per_block={cfg.tokens_per_block} must be >= 1")
-    if cfg.kv_budget_bytes < 0 or cfg.host_budget_bytes < 0:
-        raise ConfigError("kv_budget_bytes and host_budget_bytes must be >= 0")
     mtpc = cfg.max_tokens_per_call
     if isinstance(mtpc, bool) or not isinstance(mtpc, int | np.integer) or mtpc < 1:
         raise ConfigError(
@@ -185,16 +227,117 @@ def _validate(cfg: BlockManagerConfig) -> np.dtype:
                     "lower the window (a window equal to max_seq_len, or None, is full "
                     "attention) or raise max_seq_len"
                 )
+    _validate_sizing(cfg)
     try:
         return np.dtype(cfg.dtype)
     except TypeError:
         raise ConfigError(f"dtype={cfg.dtype!r} is not a numpy dtype name") from None
 
 
-def plan_windows(
-    cfg: BlockManagerConfig, env: Mapping[str, str] | None = None
-) -> list[WindowGroup]:
-    """Group layers by window and size each window's pools; raise on an unusable budget."""
+def _validate_sizing(cfg: BlockManagerConfig) -> None:
+    """Exactly one way of sizing the pools, and block counts for the model's windows."""
+    if cfg.sized_in_blocks == (cfg.kv_budget_bytes is not None):
+        raise ConfigError(
+            "size the pools one way: kv_budget_bytes (bytes, split by window_size_shares) or "
+            "primary_blocks (blocks per window size), not "
+            + ("both" if cfg.sized_in_blocks else "neither")
+        )
+    if not cfg.sized_in_blocks:
+        assert cfg.kv_budget_bytes is not None
+        if cfg.kv_budget_bytes < 0 or cfg.host_budget_bytes < 0:
+            raise ConfigError("kv_budget_bytes and host_budget_bytes must be >= 0")
+        if cfg.host_blocks is not None:
+            raise ConfigError(
+                "host_blocks goes with primary_blocks; with kv_budget_bytes give host_budget_bytes"
+            )
+        return
+    byte_settings = {
+        "host_budget_bytes": cfg.host_budget_bytes != 0,
+        "window_size_shares": cfg.window_size_shares is not None,
+        "max_tokens": cfg.max_tokens is not None,
+    }
+    for name, given in byte_settings.items():
+        if given:
+            raise ConfigError(
+                f"{name} sizes pools in bytes but primary_blocks sizes them in blocks; "
+                "give host_blocks for the host pools and no shares or token cap"
+            )
+    windows = window_sizes(cfg)
+    primary, host = dict(cfg.primary_blocks or {}), dict(cfg.host_blocks or {})
+    for what, counts, ok in (
+        ("primary_blocks", primary, sorted(primary) == windows),
+        ("host_blocks", host, set(host) <= set(windows)),
+    ):
+        if not ok:
+            raise ConfigError(
+                f"{what} has window sizes {sorted(counts)} but the model's are {windows} (full "
+                f"attention is max_seq_len={cfg.max_seq_len}); give one block count per window size"
+            )
+        for w, n in counts.items():
+            if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+                raise ConfigError(f"{what}[{w}]={n!r} must be an integer >= 0")
+
+
+def _pool_sizes(
+    cfg: BlockManagerConfig, windows: list[int], block_bytes: dict[int, int]
+) -> tuple[list[float], dict[int, int], dict[int, int]]:
+    """Each window's share of the primary bytes and its primary and host block counts."""
+    if cfg.sized_in_blocks:
+        assert cfg.primary_blocks is not None
+        primary = {w: operator.index(cfg.primary_blocks[w]) for w in windows}
+        host = {w: operator.index((cfg.host_blocks or {}).get(w, 0)) for w in windows}
+        total = sum(primary[w] * block_bytes[w] for w in windows)
+        return (
+            [primary[w] * block_bytes[w] / total if total else 0.0 for w in windows],
+            primary,
+            host,
+        )
+    assert cfg.kv_budget_bytes is not None
+    shares = resolve_shares(windows, cfg.window_size_shares)
+    cap = None
+    if cfg.max_tokens is not None:
+        if len(windows) > 1:
+            warnings.warn(
+                f"max_tokens={cfg.max_tokens} ignored: with {len(windows)} attention windows "
+                "(VSWA) pool sizes follow window_size_shares and kv_budget_bytes",
+                stacklevel=4,
+            )
+        else:
+            cap = blocks_for(cfg.max_tokens, cfg.tokens_per_block)
+    primary, host = {}, {}
+    for w, share in zip(windows, shares, strict=True):
+        primary[w] = int(cfg.kv_budget_bytes * share) // block_bytes[w]
+        if cap is not None:
+            primary[w] = min(primary[w], cap)
+        host[w] = int(cfg.host_budget_bytes * share) // block_bytes[w]
+    return shares, primary, host
+
+
+def _too_small(
+    cfg: BlockManagerConfig, w: int, have: int, needed: int, share: float, block_bytes: int
+) -> BudgetTooSmallError:
+    chunk = min(int(cfg.max_tokens_per_call), cfg.max_seq_len)
+    one_sequence = (
+        f"one sequence of max_seq_len {cfg.max_seq_len}, added {chunk} tokens a call at most "
+        f"(max_tokens_per_call), needs {needed} blocks"
+    )
+    if cfg.sized_in_blocks:
+        return BudgetTooSmallError(
+            f"primary_blocks[{w}]={have} but {one_sequence}; raise primary_blocks[{w}], lower "
+            "max_tokens_per_call, or lower max_seq_len"
+        )
+    total = math.ceil(needed * block_bytes / share) if share > 0 else None
+    need_txt = f"{total} bytes of kv_budget_bytes" if total else "a share above 0"
+    return BudgetTooSmallError(
+        f"budget of {cfg.kv_budget_bytes} bytes (share {share:.3f}) holds {have} "
+        f"blocks for window {w} but {one_sequence} of {block_bytes} bytes (needs {need_txt}); "
+        "raise kv_budget_bytes, give this window a larger share, lower max_tokens_per_call, "
+        "or lower max_seq_len"
+    )
+
+
+def plan_windows(cfg: BlockManagerConfig) -> list[WindowGroup]:
+    """Group layers by window and size each window's pools; raise on pools too small."""
     dtype = _validate(cfg)
     tpb = cfg.tokens_per_block
     chunk = min(int(cfg.max_tokens_per_call), cfg.max_seq_len)
@@ -203,49 +346,31 @@ def plan_windows(
         w = cfg.max_seq_len if layer.window is None else layer.window
         by_window.setdefault(w, []).append(i)
     windows = sorted(by_window)
-    shares = resolve_shares(windows, cfg.window_size_shares, env)
-    cap = None
-    if cfg.max_tokens is not None:
-        if len(windows) > 1:
-            warnings.warn(
-                f"max_tokens={cfg.max_tokens} ignored: with {len(windows)} attention windows "
-                "(VSWA) pool sizes follow window_size_shares and kv_budget_bytes",
-                stacklevel=3,
-            )
-        else:
-            cap = blocks_for(cfg.max_tokens, tpb)
+    shapes, offsets, bytes_per_token = {}, {}, {}
+    for w in windows:
+        shapes[w] = tuple(
+            (cfg.layers[i].num_kv_heads, cfg.layers[i].head_dim) for i in by_window[w]
+        )
+        offs, bpt = [], 0
+        for heads, dim in shapes[w]:
+            offs.append(bpt)
+            bpt += 2 * heads * dim * dtype.itemsize
+        offsets[w], bytes_per_token[w] = tuple(offs), bpt
+    block_bytes = {w: bytes_per_token[w] * tpb for w in windows}
+    shares, primary, host = _pool_sizes(cfg, windows, block_bytes)
     groups = []
     for w, share in zip(windows, shares, strict=True):
-        layers = tuple(by_window[w])
-        shapes = tuple((cfg.layers[i].num_kv_heads, cfg.layers[i].head_dim) for i in layers)
-        offsets, bpt = [], 0
-        for heads, dim in shapes:
-            offsets.append(bpt)
-            bpt += 2 * heads * dim * dtype.itemsize
-        block_bytes = bpt * tpb
-        primary = int(cfg.kv_budget_bytes * share) // block_bytes
-        if cap is not None:
-            primary = min(primary, cap)
-        host = int(cfg.host_budget_bytes * share) // block_bytes
         is_swa = w < cfg.max_seq_len
         needed = min_live_blocks(cfg.max_seq_len, w, tpb, chunk)
-        if primary < needed:
-            total = math.ceil(needed * block_bytes / share) if share > 0 else None
-            need_txt = f"{total} bytes of kv_budget_bytes" if total else "a share above 0"
-            raise BudgetTooSmallError(
-                f"budget of {cfg.kv_budget_bytes} bytes (share {share:.3f}) holds {primary} "
-                f"blocks for window {w} but one sequence of max_seq_len {cfg.max_seq_len}, added "
-                f"{chunk} tokens a call at most (max_tokens_per_call), needs {needed} blocks of "
-                f"{block_bytes} bytes (needs {need_txt}); raise kv_budget_bytes, give this "
-                "window a larger share, lower max_tokens_per_call, or lower max_seq_len"
-            )
+        if primary[w] < needed:
+            raise _too_small(cfg, w, primary[w], needed, share, block_bytes[w])
         groups.append(
             WindowGroup(
                 window=w,
-                layers=layers,
-                layer_shapes=shapes,
-                layer_offsets=tuple(offsets),
-                bytes_per_token=bpt,
+                layers=tuple(by_window[w]),
+                layer_shapes=shapes[w],
+                layer_offsets=offsets[w],
+                bytes_per_token=bytes_per_token[w],
                 dtype=dtype,
                 tokens_per_block=tpb,
                 is_swa=is_swa,
@@ -253,8 +378,8 @@ def plan_windows(
                 min_blocks_per_seq=needed,
                 max_tokens_per_call=chunk,
                 share=share,
-                primary_blocks=primary,
-                host_blocks=host,
+                primary_blocks=primary[w],
+                host_blocks=host[w],
             )
         )
     return groups

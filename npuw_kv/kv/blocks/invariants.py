@@ -1,4 +1,4 @@
-"""Whole-state consistency checks (``KVBlockManager.check_invariants``).
+"""Whole-state consistency checks (what ``KVBlockManager.check_invariants`` runs).
 
 Cheap local checks sit where state changes (refcounts, queue membership); this module checks
 the global picture after an operation, for tests and for debugging a live engine. Each failure
@@ -9,22 +9,23 @@ a cached block holds its tokens' rows; they check the bookkeeping that guarantee
 slot's generation is current, a detached slot whose generation still matches was not reset
 since, a block is cached or read only at the block position it was written for, only cached or
 still storable blocks are queued above the worthless level, sizes and refcounts add up). Tests
-that write token-derived bytes check the bytes themselves (``tests/blocks/test_blocks_stateful.py``,
+that write token-derived bytes check the bytes themselves (``tests/blocks/test_stateful.py``,
 ``tests/blocks/fuzz_driver.py``).
+
+The checks read window managers and a stats snapshot, never the manager itself: the manager
+calls them, so they must not depend on it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from .block import EMPTY_LEVEL, KVBlock, PoolKind
 from .reuse_tree import chain_hash
 from .sequence import blocks_for
-
-if TYPE_CHECKING:
-    from .manager import KVBlockManager
-    from .window_manager import WindowManager
+from .stats import ManagerStats
+from .window_manager import WindowManager
 
 
 def _fail(wm: WindowManager, msg: str) -> None:
@@ -60,7 +61,9 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
             _fail(wm, f"serial {serial}: {len(seq.table)} table slots for {n} tokens")
         if len(seq.table) > wm.group.max_blocks_per_seq:
             _fail(wm, f"serial {serial}: table longer than max_blocks_per_seq")
-        if seq.first_live * wm.tpb > max(0, n - wm.window) or seq.first_live > len(seq.table):
+        # the next token (position n) reads from n + 1 - window on: no block there is detached
+        # (after a whole-prompt hit it is the first token the sequence computes)
+        if seq.first_live * wm.tpb > max(0, n + 1 - wm.window) or seq.first_live > len(seq.table):
             _fail(wm, f"serial {serial}: detached {seq.first_live} blocks, in window of {n} tokens")
         if len(seq.gens) != len(seq.table):
             _fail(wm, f"serial {serial}: {len(seq.gens)} generations for {len(seq.table)} slots")
@@ -146,13 +149,15 @@ def _check_tree(wm: WindowManager) -> None:
         _fail(wm, f"stored {c.stored_blocks} - removed {c.removed_blocks} != cached {cached}")
 
 
-def check_manager(mgr: KVBlockManager) -> None:
-    live = mgr.live_serials()
-    if len(live) != len(mgr.sequence_ids):
+def check_manager(
+    windows: Mapping[int, WindowManager], live: dict[int, int], num_ids: int, st: ManagerStats
+) -> None:
+    """Check every window and the stats; ``live`` maps the serial of each of the ``num_ids``
+    live sequences to its token count, ``st`` is a snapshot taken with them."""
+    if len(live) != num_ids:
         raise AssertionError("two live sequences share a serial")
-    for wm in mgr.windows.values():
+    for wm in windows.values():
         check_window(wm, live)
-    st = mgr.stats()
     if st.hit_tokens + st.miss_tokens != st.prompt_tokens or st.miss_tokens < 0:
         raise AssertionError(
             f"hit {st.hit_tokens} + miss {st.miss_tokens} != prompt tokens {st.prompt_tokens}"
@@ -162,10 +167,10 @@ def check_manager(mgr: KVBlockManager) -> None:
     for w, ws in st.windows.items():
         if ws.primary_free + ws.primary_used != ws.primary_total:
             raise AssertionError(f"window {w}: primary free + used != total")
-        stores = mgr.windows[w].primary.store.shape[2] > 0  # else the runtime holds the bytes
+        stores = windows[w].primary.store.shape[2] > 0  # else the runtime holds the bytes
         per_block = ws.bytes_per_token * ws.tokens_per_block if stores else 0
         if ws.primary_bytes != ws.primary_total * per_block:
             raise AssertionError(f"window {w}: primary bytes disagree with block count")
 
 
-__all__ = ["KVBlock", "check_manager", "check_window"]
+__all__ = ["check_manager", "check_window"]

@@ -4,10 +4,12 @@ A sequence lives in every window group at once. ``add_sequence`` looks the promp
 group's reuse tree, takes the longest hit every group can serve, checks that every group has
 the blocks it needs, and only then changes state; so an error leaves the manager untouched.
 
-Choices where issue 4 is silent:
+Design choices:
 
-- A hit is a whole number of blocks and leaves at least one prompt token to compute (the model
-  needs one position to produce logits), so at most ``len(prompt) - 1`` tokens, rounded down.
+- A hit is a whole number of blocks and by default leaves at least one prompt token to compute
+  (the model needs one position to produce logits), so at most ``len(prompt) - 1`` tokens,
+  rounded down. ``max_hit_tokens`` sets another limit: lower, or up to the whole prompt for a
+  caller that only moves bytes (a host prefix store copying blocks in and out).
 - The sequence's hit is the longest hit *every* window can serve. That is the minimum of the
   per-window hits when each window's usable hits form a prefix (full attention), and stays
   correct when an SWA window can serve a long hit but not a shorter one (hollow tree nodes).
@@ -29,7 +31,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import SupportsIndex
 
@@ -39,6 +41,7 @@ from .block import PoolKind
 from .config import BlockManagerConfig, WindowGroup, plan_windows
 from .errors import (
     ChunkTooLargeError,
+    ConfigError,
     InvalidTokensError,
     OutOfBlocksError,
     SequenceExistsError,
@@ -76,7 +79,6 @@ class KVBlockManager:
         self,
         config: BlockManagerConfig,
         *,
-        env: Mapping[str, str] | None = None,
         max_events: int = 10_000,
         copy_slots: Callable[[int, PoolKind, int, PoolKind, int], None] | None = None,
     ) -> None:
@@ -85,7 +87,7 @@ class KVBlockManager:
         pools then allocate no numpy store, and the manager calls it wherever bytes move (an
         SWA prefix hit copied into fresh blocks, offload, onboard)."""
         self.config = config
-        self.groups: dict[int, WindowGroup] = {g.window: g for g in plan_windows(config, env)}
+        self.groups: dict[int, WindowGroup] = {g.window: g for g in plan_windows(config)}
         self._events: deque[KVCacheEvent] = deque(maxlen=max_events)
         self._events_dropped = 0
         self.windows: dict[int, WindowManager] = {
@@ -111,20 +113,22 @@ class KVBlockManager:
         self.lookups = 0
 
     # ---- lookups -------------------------------------------------------------------------
-    def lookup(self, tokens: Iterable[int]) -> PrefixHit:
-        """How much of ``tokens`` ``add_sequence`` would take from the cache (no state change)."""
+    def lookup(self, tokens: Iterable[int], *, max_hit_tokens: int | None = None) -> PrefixHit:
+        """How much of ``tokens`` ``add_sequence`` would take from the cache (no state change).
+
+        ``max_hit_tokens``: the longest hit wanted (default ``len(tokens) - 1``: one token left
+        to compute), at most ``len(tokens)``.
+        """
         ids = _as_tokens(tokens)
+        limit = _hit_limit(ids, max_hit_tokens)
         self.lookups += 1
-        k, matches = self._match(ids)
+        k, matches = self._match(ids, limit)
         per_window = {w: m.best() * self.tpb for w, m in matches.items()}
         return PrefixHit(k * self.tpb, per_window)
 
-    find_prefix = lookup
-
-    def _match(
-        self, tokens: Sequence[int], reuse: bool = True
-    ) -> tuple[int, dict[int, WindowMatch]]:
-        max_blocks = max(0, (len(tokens) - 1) // self.tpb) if reuse else 0
+    def _match(self, tokens: Sequence[int], limit: int) -> tuple[int, dict[int, WindowMatch]]:
+        """Longest hit of at most ``limit`` tokens every window serves, in blocks."""
+        max_blocks = limit // self.tpb
         matches = {w: wm.match(tokens, max_blocks) for w, wm in self.windows.items()}
         depth = min(len(m.valid) - 1 for m in matches.values())
         k = max(i for i in range(depth + 1) if all(m.valid[i] for m in matches.values()))
@@ -138,11 +142,13 @@ class KVBlockManager:
         priority: SupportsIndex | Sequence[PriorityRange] | None = None,
         *,
         reuse: bool = True,
+        max_hit_tokens: int | None = None,
     ) -> int:
         """Start a sequence with its prompt; return the number of prompt tokens reused.
 
         ``reuse=False`` computes the whole prompt (e.g. a timed cold run) even where the cache
         holds a prefix; its full blocks are still stored for later sequences.
+        ``max_hit_tokens`` as in ``lookup``.
         """
         if seq_id in self._seqs:
             raise SequenceExistsError(
@@ -151,7 +157,8 @@ class KVBlockManager:
         ids = _as_tokens(tokens)
         self._check_length(seq_id, 0, len(ids))
         prio = PrioritySpec(priority, self.config.default_priority, self.tpb)
-        k, matches = self._match(ids, reuse)
+        limit = _hit_limit(ids, max_hit_tokens) if reuse else 0
+        k, matches = self._match(ids, limit)
         hit = k * self.tpb
         if len(ids) - hit > self.max_call:
             raise ChunkTooLargeError(
@@ -205,8 +212,6 @@ class KVBlockManager:
         seq.tokens.extend(new)
         for wm in self.windows.values():
             wm.extend(seq.serial, seq.tokens, n_old, store)
-
-    extend = add_tokens
 
     def add_token(self, seq_id: Hashable, token: int, *, store: bool = True) -> None:
         self.add_tokens(seq_id, (token,), store=store)
@@ -282,7 +287,7 @@ class KVBlockManager:
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant."""
-        check_manager(self)
+        check_manager(self.windows, self.live_serials(), len(self._seqs), self.stats())
 
     def live_serials(self) -> dict[int, int]:
         """serial -> token count of every live sequence (for invariant checks)."""
@@ -349,7 +354,7 @@ class KVBlockManager:
             f"window {w} needs {cost} free primary blocks for {n_tokens} tokens of sequence "
             f"{seq_id!r} but only {avail} are reclaimable ({held} are held by "
             f"{len(self._seqs)} live sequences); {fits}. Add fewer tokens per call, remove a "
-            "sequence, or raise kv_budget_bytes"
+            f"sequence, or raise {self.config.pool_setting}"
         )
 
 
@@ -362,3 +367,15 @@ def _as_tokens(tokens: Iterable[int]) -> list[int]:
         return [operator.index(t) for t in tokens]
     except TypeError:
         raise InvalidTokensError("token ids must be integers (int or numpy integer)") from None
+
+
+def _hit_limit(tokens: Sequence[int], max_hit_tokens: int | None) -> int:
+    """The most tokens a hit on ``tokens`` may cover."""
+    if max_hit_tokens is None:
+        return max(0, len(tokens) - 1)
+    m = max_hit_tokens
+    if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 0:
+        raise ConfigError(
+            f"max_hit_tokens={m!r} must be an integer >= 0 (or None: all but the last token)"
+        )
+    return min(int(m), len(tokens))

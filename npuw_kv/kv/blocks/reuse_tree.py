@@ -1,8 +1,9 @@
 """Radix tree of full blocks for prefix reuse.
 
-A node stands for one full block of ``tokens_per_block`` tokens at a given depth; its children
-are keyed by their tokens, and its ``block_hash`` chains the parent's hash with its tokens, so
-equal hashes mean equal prefixes (the key comparison makes collisions harmless).
+A node (``TreeNode``, in ``block.py``) stands for one full block of ``tokens_per_block`` tokens
+at a given depth; its children are keyed by their tokens, and its ``block_hash`` chains the
+parent's hash with its tokens, so equal hashes mean equal prefixes (the key comparison makes
+collisions harmless).
 
 Nodes may be *hollow* (no block) in sliding-window groups: when the first blocks of a long
 conversation are evicted, the later ones are still useful because an SWA hit only needs the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from .block import KVBlock
+from .block import KVBlock, TreeNode
 
 #: (kind, block_hash, parent_hash, num_tokens); kind is "stored" or "removed"
 EventSink = Callable[[str, int, int, int], None]
@@ -30,31 +31,13 @@ def chain_hash(parent_hash: int, key: tuple[int, ...]) -> int:
     return hash((parent_hash, key))
 
 
-class TreeNode:
-    """One full block position in the tree."""
-
-    __slots__ = ("key", "block_hash", "parent", "children", "block", "attached", "depth")
-
-    def __init__(self, key: tuple[int, ...], parent: TreeNode | None) -> None:
-        self.key = key
-        self.parent = parent
-        self.depth: int = 0 if parent is None else parent.depth + 1
-        self.block_hash: int = 0 if parent is None else chain_hash(parent.block_hash, key)
-        self.children: dict[tuple[int, ...], TreeNode] = {}
-        self.block: KVBlock | None = None
-        self.attached = True
-
-    def __repr__(self) -> str:
-        return f"TreeNode(depth={self.depth}, hash={self.block_hash}, block={self.block})"
-
-
 class ReuseTree:
     """The reuse tree of one window group."""
 
     def __init__(self, tokens_per_block: int, cut_on_evict: bool, sink: EventSink) -> None:
         self.tpb = tokens_per_block
         self.cut_on_evict = cut_on_evict
-        self.root = TreeNode((), None)
+        self.root = TreeNode((), None, 0)
         self._sink = sink
         self.cached_blocks = 0  # nodes holding a block
 
@@ -76,7 +59,7 @@ class ReuseTree:
     def get_or_create(self, parent: TreeNode, key: tuple[int, ...]) -> TreeNode:
         child = parent.children.get(key)
         if child is None:
-            child = parent.children[key] = TreeNode(key, parent)
+            child = parent.children[key] = TreeNode(key, parent, chain_hash(parent.block_hash, key))
         return child
 
     def attach(self, node: TreeNode, block: KVBlock) -> None:

@@ -26,13 +26,9 @@ that slot and it must never be stored for reuse.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from .block import KVBlock
+from .block import KVBlock, TreeNode
 from .eviction import PrioritySpec
-
-if TYPE_CHECKING:
-    from .reuse_tree import TreeNode
 
 
 def blocks_for(n_tokens: int, tpb: int) -> int:

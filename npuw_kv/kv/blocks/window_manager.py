@@ -1,6 +1,6 @@
 """Blocks of one window group: allocation, linear writing, detach, reuse, offload, onboard.
 
-Choices where issue 4 is silent:
+Design choices:
 
 - Free blocks: worthless blocks first; then the lowest priority level, least recently released
   first. A victim that is cached (or a detached SWA block its live sequence may still store) is
@@ -39,11 +39,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .block import EMPTY_LEVEL, KVBlock, PoolKind
+from .block import EMPTY_LEVEL, KVBlock, PoolKind, TreeNode
 from .config import WindowGroup
 from .eviction import PrioritySpec
 from .pool import BlockPool, SlotCopier, copy_bytes, move_bytes, numpy_copier
-from .reuse_tree import ReuseTree, TreeNode
+from .reuse_tree import ReuseTree
 from .sequence import (
     SeqBlocks,
     blocks_for,

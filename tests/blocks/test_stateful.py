@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from blocks_helpers import check_read_rows, check_tree_bytes, write_prefix_rows
+from blocks_helpers import check_read_rows, check_tree_bytes, fingerprints, write_prefix_rows
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -98,23 +98,18 @@ class BlockMachine(RuleBasedStateMachine):
             for w, e in zip(windows, extra, strict=True)
         ]
         host_fraction = data.draw(st.sampled_from([0.0, 0.5, 1.0]))
-        block_bytes = 4 * tpb  # one layer per window: 1 kv head, head_dim 1, float16, K+V
-        total = sum(blocks)
         cfg = BlockManagerConfig(
             layers=uniform_layers([*swa, *full], 1, 1),
             max_seq_len=max_seq_len,
-            kv_budget_bytes=total * block_bytes + block_bytes // 2,
-            host_budget_bytes=int(total * host_fraction) * block_bytes + block_bytes // 2,
+            primary_blocks=dict(zip(windows, blocks, strict=True)),
+            host_blocks={w: int(b * host_fraction) for w, b in zip(windows, blocks, strict=True)},
             tokens_per_block=tpb,
-            window_size_shares=[b / total for b in blocks],
             enable_reuse=data.draw(st.sampled_from([True, True, True, False])),
             default_priority=data.draw(st.sampled_from([0, 35, 100])),
             offload_min_priority=data.draw(st.sampled_from([0, 35, 60, 100])),
             max_tokens_per_call=chunk,
         )
-        self.mgr = KVBlockManager(cfg, env={})
-        for w, b in zip(windows, blocks, strict=True):
-            assert self.mgr.groups[w].primary_blocks == b
+        self.mgr = KVBlockManager(cfg)
         self.tpb, self.max_len, self.chunk = tpb, max_seq_len, chunk
         self.vocab = data.draw(st.integers(2, 4))
         self.tokens: dict[int, list[int]] = {}
@@ -273,3 +268,7 @@ def test_random_operations() -> None:
     assert OPS["attempted"] >= target, f"only {OPS['attempted']} operations were attempted"
     assert OPS["hits"] > 0 and OPS["offloads"] > 0 and OPS["onboards"] > 0
     assert OPS["errors"] > 0 and OPS["copies"] > 0 and OPS["cached_checked"] > 0
+
+
+def test_fingerprint_helper_depends_on_the_whole_prefix() -> None:
+    assert fingerprints([1, 2])[1] != fingerprints([3, 2])[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from blocks_helpers import build
 
@@ -86,7 +87,7 @@ def test_out_of_blocks_leaves_manager_unchanged(mgr: KVBlockManager) -> None:
     with pytest.raises(OutOfBlocksError, match="window 16 needs 4 free primary blocks") as info:
         mgr.add_sequence("more", list(range(20, 27)))
     msg = str(info.value)
-    assert "remove a sequence, or raise kv_budget_bytes" in msg
+    assert "remove a sequence, or raise primary_blocks" in msg
     assert "only 2 are reclaimable (10 are held by 2 live sequences)" in msg
     assert "a call adding at most 4 tokens fits now" in msg  # 2 blocks of 2 tokens
     assert _state(mgr) == before
@@ -103,15 +104,15 @@ def test_budget_too_small_for_one_sequence() -> None:
         uniform_layers([None], 2, 16), max_seq_len=256, kv_budget_bytes=4096, tokens_per_block=16
     )
     with pytest.raises(BudgetTooSmallError, match="holds 2 blocks for window 256 but one sequence"):
-        KVBlockManager(cfg, env={})
+        KVBlockManager(cfg)
     with pytest.raises(ValueError, match="needs 32768 bytes of kv_budget_bytes"):
-        KVBlockManager(cfg, env={})
+        KVBlockManager(cfg)
 
 
 def test_window_larger_than_max_seq_len() -> None:
     cfg = BlockManagerConfig(uniform_layers([300], 1, 8), max_seq_len=256, kv_budget_bytes=1 << 20)
     with pytest.raises(WindowTooLargeError, match="raise max_seq_len"):
-        KVBlockManager(cfg, env={})
+        KVBlockManager(cfg)
 
 
 def test_bad_layer_and_block_settings() -> None:
@@ -125,3 +126,37 @@ def test_bad_layer_and_block_settings() -> None:
         KVBlockManager(BlockManagerConfig(uniform_layers([None], 0, 8), 64, 1 << 20))
     with pytest.raises(ConfigError, match="not a numpy dtype"):
         KVBlockManager(BlockManagerConfig(uniform_layers([None], 1, 8), 64, 1 << 20, dtype="f17"))
+
+
+def test_out_of_blocks_says_the_largest_call_that_fits() -> None:
+    mgr = build([None], [10], max_seq_len=16, tpb=2)
+    mgr.add_sequence("a", list(range(8)))  # 4 blocks
+    mgr.add_sequence("b", list(range(50, 58)))  # 4 blocks, 2 free
+    before = mgr.stats()
+    with pytest.raises(OutOfBlocksError, match="a call adding at most 4 tokens fits now"):
+        mgr.add_tokens("a", [1, 2, 3, 4, 5, 6])  # 3 blocks
+    assert mgr.stats() == before
+    mgr.add_tokens("a", [1, 2, 3, 4])  # ... and 4 tokens do fit
+    with pytest.raises(OutOfBlocksError, match="no call fits now, not even one token"):
+        mgr.add_sequence("c", [9, 9, 9])
+    mgr.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("priority", "match"),
+    [
+        (50.0, "priority=50.0 is not an integer"),
+        ("50", "priority='50' is not an integer"),
+        (True, "priority=True is not an integer"),
+        ([50], "50 is not a PriorityRange"),
+        ([PriorityRange(0, None, 1.5)], r"PriorityRange.priority=1.5 is not an integer"),  # type: ignore[arg-type]
+        (np.int64(101), r"priority=101 is outside \[0, 100\]"),
+    ],
+)
+def test_bad_priority_types_are_config_errors(priority: object, match: str) -> None:
+    mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2)
+    before = mgr.stats()
+    with pytest.raises(ConfigError, match=match):
+        mgr.add_sequence("p", [1, 2, 3], priority=priority)  # type: ignore[arg-type]
+    assert mgr.stats() == before and not mgr.sequence_ids
+    mgr.check_invariants()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from blocks_helpers import build, fill_rows, rows
+import pytest
+from blocks_helpers import Runtime, build, fill_rows, rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from npuw_kv.kv.blocks import KVBlockManager
+from npuw_kv.kv.blocks import ConfigError, KVBlockManager
 from npuw_kv.kv.blocks.reuse_tree import chain_hash
 
 
@@ -183,3 +186,58 @@ def test_reuse_off_never_caches() -> None:
     assert mgr.add_sequence("b", [1, 2, 3, 4, 5]) == 0
     assert mgr.stats().windows[16].cached_blocks == 0
     mgr.check_invariants()
+
+
+def test_max_hit_tokens_caps_the_hit_or_allows_the_whole_prompt() -> None:
+    rt = Runtime(mgr := build([4, None], [12, 24], max_seq_len=16, tpb=2))
+    rt.add("a", [1, 2, 3, 4, 5, 6, 7])  # writes every row, like a runtime
+    rt.remove("a")
+    prompt = [1, 2, 3, 4, 5, 6]
+    assert mgr.lookup(prompt).hit_tokens == 4  # default: one token left to compute
+    assert mgr.lookup(prompt, max_hit_tokens=6).hit_tokens == 6  # a store copying bytes
+    assert mgr.lookup(prompt, max_hit_tokens=99).hit_tokens == 6  # never past the prompt
+    assert mgr.lookup(prompt, max_hit_tokens=3).hit_tokens == 2  # whole blocks below the cap
+    assert mgr.lookup(prompt, max_hit_tokens=0).hit_tokens == 0
+    assert rt.add("b", prompt, max_hit_tokens=6) == 6  # nothing to compute: rows checked
+    assert mgr.block_table("b", 4)[0] == -1  # SWA-4 reads only the 2 blocks before token 6
+    mgr.check_invariants()
+    rt.add_tokens("b", [7, 8])
+    rt.remove("b")
+    assert mgr.stats().hit_tokens == 6 and mgr.stats().miss_tokens == 7
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_bad_max_hit_tokens_is_a_config_error(bad: object) -> None:
+    mgr = build([None], [8], max_seq_len=16, tpb=2)
+    before = mgr.stats()
+    with pytest.raises(ConfigError, match="max_hit_tokens=.* must be an integer >= 0"):
+        mgr.lookup([1, 2, 3], max_hit_tokens=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_hit_tokens"):
+        mgr.add_sequence("a", [1, 2, 3], max_hit_tokens=bad)  # type: ignore[arg-type]
+    assert mgr.stats() == before and not mgr.sequence_ids
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    window=st.integers(1, 7),
+    tpb=st.integers(1, 3),
+    stored=st.lists(st.integers(0, 2), min_size=1, max_size=14),
+    extra=st.lists(st.integers(0, 2), max_size=4),
+    cap=st.integers(0, 16),
+)
+def test_add_sequence_takes_what_lookup_says_under_any_cap(
+    window: int, tpb: int, stored: list[int], extra: list[int], cap: int
+) -> None:
+    """Whatever the cap, ``add_sequence`` reuses exactly what ``lookup`` promised, every row
+    the next token reads holds its token's bytes, and the sequence goes on from there."""
+    mgr = build([window, None], [16, 16], max_seq_len=16, tpb=tpb, max_tokens_per_call=16)
+    rt = Runtime(mgr)
+    rt.add("a", stored)
+    rt.remove("a")
+    prompt = (stored + extra)[:15]
+    hit = mgr.lookup(prompt, max_hit_tokens=cap).hit_tokens
+    assert hit <= min(cap, len(prompt)) and hit % tpb == 0
+    assert rt.add("b", prompt, max_hit_tokens=cap) == hit  # checks the rows handed out
+    mgr.check_invariants()
+    rt.add_tokens("b", [9])
+    rt.remove("b")

@@ -32,7 +32,7 @@ def _manager(store: ExternalStore, windows: list[int | None], **kw: object) -> K
         tokens_per_block=2,
         **{**settings, **kw},  # type: ignore[arg-type]
     )
-    return KVBlockManager(cfg, env={}, copy_slots=store.copy)
+    return KVBlockManager(cfg, copy_slots=store.copy)
 
 
 def test_offload_and_onboard_move_the_runtime_bytes() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from blocks_helpers import build, fill_rows, rows
+from blocks_helpers import Runtime, build, fill_rows, rows
 
 from npuw_kv.kv.blocks import (
     BlockManagerConfig,
@@ -152,7 +152,7 @@ def test_layer_views_are_typed_and_survive_offload() -> None:
         host_budget_bytes=4 * 2 * 2 * (2 * 4 + 3 * 8) * 2,
         tokens_per_block=2,
     )
-    mgr = KVBlockManager(cfg, env={})
+    mgr = KVBlockManager(cfg)
     mgr.add_sequence("a", [1, 2, 3])
     slot = mgr.block_table("a", 8)[0]
     v0, v1 = mgr.layer_view(8, slot, 0), mgr.layer_view(8, slot, 1)
@@ -168,3 +168,41 @@ def test_layer_views_are_typed_and_survive_offload() -> None:
     assert np.array_equal(mgr.layer_view(8, slot, 0), k0)
     assert np.array_equal(mgr.layer_view(8, slot, 1), k1)
     assert mgr.windows[8].counters.onboards == 1
+
+
+def test_onboard_leaves_the_onboarding_sequence_storable() -> None:
+    """The empty block an onboard pushes to the host holds nobody's bytes: using it for later
+    offloads must not invalidate the live sequence that onboarded."""
+    rt = Runtime(mgr := build([2], [6], max_seq_len=16, tpb=1, host=[4], max_tokens_per_call=5))
+    wm = mgr.windows[2]
+    rt.add("s0", [1, 2, 3, 4])
+    rt.remove("s0")
+    rt.add("w", [7, 7, 7, 7])
+    rt.add_tokens("w", [7, 7])
+    rt.remove("w")  # pushes s0's cached blocks to the host
+    assert wm.counters.offloads >= 4
+    assert rt.add("X", [1, 2, 3, 4, 5]) == 4 and wm.counters.onboards == 1
+    x = wm.seqs[mgr._seqs["X"].serial]
+    assert not [b for b in wm.blocks if b.pool is PoolKind.HOST and b.last_owner == x.serial]
+    for n in range(12):  # unrelated traffic that offloads through the host pool
+        rt.add(("q", n), [50 + n, 60 + n])
+        rt.remove(("q", n))
+    assert x.storable and wm.counters.invalidated_sequences == 0
+    rt.remove("X")
+    assert mgr.lookup([1, 2, 3, 4, 5, 0]).hit_tokens == 5  # X's chain was stored
+
+
+def test_numpy_integer_priorities_are_accepted() -> None:
+    mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2)
+    mgr.add_sequence("a", [1, 2, 3, 4, 5], priority=np.int64(50))
+    mgr.add_sequence("b", [1, 2, 3], priority=[PriorityRange(0, None, np.int32(90))])  # type: ignore[arg-type]
+    wm = mgr.windows[16]
+    assert [b.priority for b in wm.seqs[0].live()] == [50, 50, 50]
+    assert all(type(b.priority) is int for b in wm.seqs[1].live())
+    assert (
+        KVBlockManager(
+            BlockManagerConfig([LayerSpec(None, 1, 1)], 8, 1 << 10, default_priority=np.uint8(7)),  # type: ignore[arg-type]
+        ).add_sequence("x", [1])
+        == 0
+    )
+    mgr.check_invariants()

@@ -53,3 +53,40 @@ def test_event_buffer_is_bounded_but_counters_are_not() -> None:
     st = mgr.stats()
     assert st.events_dropped == 4 and len(mgr.drain_events()) == 3
     assert st.windows[16].counters.stored_blocks == 7
+
+
+def test_offload_and_onboard_events_carry_window_size() -> None:
+    mgr = build([None], [4], max_seq_len=8, tpb=2, host=[4])
+    mgr.add_sequence("a", [1, 2, 3, 4, 5])
+    mgr.remove_sequence("a")
+    tree = mgr.windows[8].tree
+    assert tree is not None
+    a_hashes = {n.block_hash for n in tree.walk([1, 2, 3, 4], 2)}
+    mgr.drain_events()
+    mgr.add_sequence("b", [9, 9, 9, 9, 9, 9, 9])  # 4 blocks: a's 2 cached blocks go to host
+    moved = [e for e in mgr.drain_events() if e.kind == "offloaded"]
+    assert [(e.window_size, e.num_tokens) for e in moved] == [(8, 2), (8, 2)]
+    assert {e.block_hash for e in moved} == a_hashes
+    assert (
+        moved[1].parent_hash == moved[0].block_hash or moved[0].parent_hash == moved[1].block_hash
+    )
+    mgr.remove_sequence("b")
+    assert mgr.add_sequence("c", [1, 2, 3, 4, 5]) == 4
+    events = mgr.drain_events()
+    back = [e for e in events if e.kind == "onboarded"]
+    assert {(e.window_size, e.block_hash) for e in back} == {(8, h) for h in a_hashes}
+    st_ = mgr.stats()
+    assert st_.offloads == len(moved) + sum(e.kind == "offloaded" for e in events)
+    assert st_.onboards == len(back) == 2
+    mgr.check_invariants()
+
+
+def test_detached_swa_offload_event_has_no_hash() -> None:
+    mgr = build([4, None], [4, 16], max_seq_len=16, tpb=2, host=[2, 8], max_tokens_per_call=2)
+    mgr.add_sequence("a", [1])
+    for t in range(2, 9):
+        mgr.add_tokens("a", [t])
+    mgr.drain_events()
+    mgr.add_sequence("b", [50, 51])  # a's detached (uncached) block moves to the host
+    (event,) = [e for e in mgr.drain_events() if e.kind == "offloaded"]
+    assert (event.window_size, event.block_hash, event.parent_hash) == (4, 0, 0)
