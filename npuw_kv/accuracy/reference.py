@@ -1,7 +1,7 @@
 """The references: openvino-genai's CPU pipeline (tokens) and the stateful IR itself (logits).
 
-Both run exact f32 (f32 compute, no dynamic quantization, f32 KV), the primary reference the
-issue asks for.  The stateful IR is the untouched model graph: its logits are what our
+Both run exact f32 (f32 compute, no dynamic quantization, f32 KV): the primary reference.
+The stateful IR is the untouched model graph: its logits are what our
 rewritten, chunked, static graph must reproduce.  :class:`NpuwLLM` is the peer: NPUW's own
 LLM pipeline, driven the same teacher-forced way so its logits compare like ours.
 :class:`TorchReference` is the independent one: transformers running the same weights in f32,
