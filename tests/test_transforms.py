@@ -9,6 +9,7 @@ import pytest
 
 from npuw_kv.config import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
+from npuw_kv.model import attention as A
 from npuw_kv.model import transforms as T
 from npuw_kv.model.layout import discover_layout
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
@@ -27,7 +28,7 @@ def test_static_reshape_needs_the_gqa_broadcast_fix(smol_model):
     broken = smol_model.clone()
     with pytest.raises(Exception, match="Broadcast"):
         T.set_shapes(broken, layout, 64, 256, 192)
-    assert T.fix_gqa_broadcast(smol_model) == 60  # K and V of 30 layers
+    assert A.fix_gqa_broadcast(smol_model) == 60  # K and V of 30 layers
     T.set_shapes(smol_model, layout, 64, 256, 192)
     assert smol_model.outputs[1].get_partial_shape().is_static
 
@@ -124,12 +125,12 @@ def test_split_past_reads_past_then_tail(smol_model):
 def test_softmax_scale_moves_to_the_query(smol_model):
     """SDPA gets scale 1 and a pre-scaled query; head_dim 64 (scale 1/8) keeps logits bit-equal."""
     T.make_stateless(smol_model)
-    T.fix_gqa_broadcast(smol_model)
+    A.fix_gqa_broadcast(smol_model)
     layout = discover_layout(smol_model)
-    T.fold_gqa_into_attention(smol_model)
+    A.fold_gqa_into_attention(smol_model)
     T.set_shapes(smol_model, layout, None, None, None)
     unscaled = smol_model.clone()
-    assert T.scale_query_for_attention(smol_model) == 30
+    assert A.scale_query_for_attention(smol_model) == 30
     for sdpa in (
         op for op in smol_model.get_ops() if op.get_type_name() == "ScaledDotProductAttention"
     ):

@@ -13,6 +13,7 @@ from pathlib import Path
 import openvino as ov
 
 from ..errors import ModelLayoutError, ModelLoadError
+from . import attention as A
 from . import transforms as T
 from .layout import KVLayout, discover_layout
 from .window import apply_windows
@@ -59,13 +60,13 @@ def prepare(
     then refused.
     """
     T.make_stateless(model)
-    T.fix_gqa_broadcast(model)
+    A.fix_gqa_broadcast(model)
     layout = apply_windows(model, discover_layout(model), declared_window)
     T.redirect_present_to_new_kv(model, layout)
     if not full_logits:
         T.logits_for_last_position(model, layout)
-    T.fold_gqa_into_attention(model)
-    T.scale_query_for_attention(model)
+    A.fold_gqa_into_attention(model)
+    A.scale_query_for_attention(model)
     if kv_precision != "f32":
         T.set_kv_precision(model, layout, kv_precision)
         layout = layout.with_precision(kv_precision)
