@@ -26,9 +26,7 @@ from .config import (
     SHARES_ENV,
     BlockManagerConfig,
     LayerSpec,
-    WindowGroup,
     parse_shares,
-    plan_windows,
     resolve_shares,
     uniform_layers,
     window_sizes,
@@ -49,6 +47,7 @@ from .errors import (
 )
 from .eviction import PriorityRange
 from .manager import KVBlockManager, PrefixHit
+from .planning import WindowGroup, plan_windows
 from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
 
 __all__ = [

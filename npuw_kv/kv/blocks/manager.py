@@ -38,7 +38,7 @@ from typing import SupportsIndex
 import numpy as np
 
 from .block import PoolKind
-from .config import BlockManagerConfig, WindowGroup, plan_windows
+from .config import BlockManagerConfig
 from .errors import (
     ChunkTooLargeError,
     ConfigError,
@@ -50,6 +50,7 @@ from .errors import (
 )
 from .eviction import PriorityRange, PrioritySpec
 from .invariants import check_manager
+from .planning import WindowGroup, plan_windows
 from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
 from .window_manager import WindowManager, WindowMatch
 

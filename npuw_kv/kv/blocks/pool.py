@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .block import KVBlock, PoolKind
-from .config import WindowGroup
 from .eviction import EvictionQueue
+from .planning import WindowGroup
 
 SlotCopier = Callable[[PoolKind, int, PoolKind, int], None]
 """``copy(src_pool, src_slot, dst_pool, dst_slot)``: copy one block's bytes between slots."""

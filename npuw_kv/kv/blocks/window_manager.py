@@ -40,8 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .block import EMPTY_LEVEL, KVBlock, PoolKind, TreeNode
-from .config import WindowGroup
 from .eviction import PrioritySpec
+from .planning import WindowGroup
 from .pool import BlockPool, SlotCopier, copy_bytes, move_bytes, numpy_copier
 from .reuse_tree import ReuseTree
 from .sequence import (
