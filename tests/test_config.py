@@ -146,3 +146,8 @@ def test_two_spellings_of_one_value_agree():
     assert cfg.prefix_reuse is False
     assert PipelineConfig.setting_name("NPUW_LLM_MIN_RESPONSE_LEN") == "min_response_len"
     assert PipelineConfig.setting_name("SNIPPETS_MODE") is None  # passed to compile_model
+
+
+def test_the_paged_path_cache_size_can_be_given_by_name():
+    cfg = PipelineConfig.from_kwargs("CPU", cpu_runtime_cache_capacity=100)
+    assert cfg.compile_properties == {"CPU_RUNTIME_CACHE_CAPACITY": 100}
