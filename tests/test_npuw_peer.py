@@ -40,11 +40,20 @@ def test_f16_kv_no_worse_than_npuw(smol_optimum_dir, tmp_path):
 
 
 def test_npu_path_runs_unfolded_when_npuw_cannot_fold(smol_optimum_dir):
-    """NPUW's folding fails on this export in a plain compile; the pipeline says so and runs
-    the two static models unfolded, unless folding was asked for explicitly."""
+    """NPUW folds this export only with every sub-graph a function (our default); without,
+    folding fails, and the pipeline says so and runs the two static models unfolded, unless
+    folding was asked for explicitly."""
+    import warnings
+
     from npuw_kv import CompileError, LLMPipeline
 
     settings = {"max_prompt_len": 256, "min_response_len": 16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        folded = LLMPipeline(smol_optimum_dir, "NPU", **settings)
+    assert folded.runner.requests.device_properties["NPUW_FOLD"] == "YES"
+    del folded
+    settings["NPUW_FUNCALL_FOR_ALL"] = "NO"
     with pytest.warns(RuntimeWarning, match="NPUW could not fold this model"):
         pipe = LLMPipeline(smol_optimum_dir, "NPU", **settings)
     assert pipe.runner.requests.device_properties["NPUW_FOLD"] == "NO"

@@ -37,7 +37,11 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
     On NPU the two static models share their weights the way NPUW's own LLM pipeline does:
     ``NPUW_FOLD`` turns the repeated layers into one function whose weights are inputs held in
     a weights bank, and one ``NPUW_WEIGHTS_BANK`` per pipeline lets prefill and generate read
-    the same bank (measured on SmolLM2: peak RSS 1345 -> 804 MB).  An f32 precision hint also
+    the same bank (measured on SmolLM2: peak RSS 1345 -> 804 MB).  ``NPUW_FUNCALL_FOR_ALL``
+    makes every sub-graph a function, so the weights outside the repeated layers go to the bank
+    too; without it NPUW cannot fold optimum-intel's fp16 export at all ("unordered_map::at")
+    and each static model holds its own weights (SmolLM2 fp16, 1k bench: 2301 -> 1110 MB peak
+    RSS, NPUW's own LLM pipeline 1138 MB).  An f32 precision hint also
     turns off NPUW's f16 tensors between sub-graphs (``NPUW_F16IC``), which otherwise round the
     result (|dlogit| 3e-2 -> 5e-5).  Any of these set explicitly wins.
     """
@@ -51,6 +55,7 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
                 "NPU_USE_NPUW": "YES",
                 "NPUW_DEVICES": npuw_devices,
                 "NPUW_FOLD": "YES",
+                "NPUW_FUNCALL_FOR_ALL": "YES",
                 "NPUW_WEIGHTS_BANK": f"npuw_kv_{next(_BANKS)}",
             }
         )
@@ -127,8 +132,8 @@ def compile_requests(
                     f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
                     "NPUW_FOLD unset to fall back to NPUW_FOLD=NO when folding fails"
                 ) from exc
-            # e.g. optimum-intel's fp16 SmolLM2 export: NPUW's folding fails in a plain
-            # compile ("unordered_map::at"); run unfolded, at the cost of a second weight copy
+            # e.g. optimum-intel's fp16 SmolLM2 export with NPUW_FUNCALL_FOR_ALL=NO: NPUW's
+            # folding fails ("unordered_map::at"); run unfolded, at the cost of a second weight copy
             warnings.warn(
                 f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
                 "the prefill and generate models hold separate copies of the weights",
