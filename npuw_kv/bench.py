@@ -22,7 +22,24 @@ from typing import Any
 from .cli_args import pipeline_kwargs
 from .config import PipelineConfig
 
-RUNTIMES = ("npuw-kv", "npuw-kv-sdpa", "npuw-kv-npu", "genai-cpu", "genai-sdpa", "npuw-llm")
+RUNTIMES = (
+    "npuw-kv",
+    "npuw-kv-sdpa",
+    "npuw-kv-npu",
+    "npuw-kv-npu-static",
+    "genai-cpu",
+    "genai-sdpa",
+    "npuw-llm",
+    "npuw-llm-pyramid",
+)
+# our runtimes' settings beyond the device (a setting given with -p wins)
+_OUR_PRESETS: dict[str, dict[str, Any]] = {
+    "npuw-kv-sdpa": {"attention_backend": "sdpa"},  # the static-shape path on CPU
+    # the NPU path without its variants: one prefill model over the whole past, one generate
+    "npuw-kv-npu-static": {"prefill_attention": "static", "generate_pyramid": False},
+}
+# NPUW's own LLM pipeline with its pyramid prefill and generate variants
+_NPUW_PYRAMID = {"NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID", "NPUW_LLM_GENERATE_PYRAMID": "YES"}
 QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
 
 
@@ -32,12 +49,15 @@ def _peak_rss_mb() -> float:
 
 def genai_properties(settings: dict[str, Any]) -> dict[str, Any]:
     """What of our settings openvino-genai's pipelines are given: OpenVINO properties, and the
-    KV precision under the name genai reads too.  Our own settings are not genai's (it reads
-    ATTENTION_BACKEND itself, with other values)."""
+    KV precision and NPUW's LLM options (``NPUW_LLM_*``, which ours alias) under the names genai
+    reads too.  Our own settings are not genai's (it reads ATTENTION_BACKEND itself, with other
+    values)."""
     return {
         key: value
         for key, value in settings.items()
-        if PipelineConfig.setting_name(key) is None or key.upper() == "KV_CACHE_PRECISION"
+        if PipelineConfig.setting_name(key) is None
+        or key.upper() == "KV_CACHE_PRECISION"
+        or key.upper().startswith("NPUW_LLM_")
     }
 
 
@@ -55,7 +75,9 @@ def genai_pipeline(
         )
     if runtime == "genai-sdpa":
         return openvino_genai.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props)
-    if runtime == "npuw-llm":
+    if runtime in ("npuw-llm", "npuw-llm-pyramid"):
+        if runtime == "npuw-llm-pyramid":
+            props = {**_NPUW_PYRAMID, **props}
         return openvino_genai.LLMPipeline(
             str(model_dir),
             "NPU",
@@ -98,15 +120,16 @@ def _worker(
     if runtime.startswith("npuw-kv"):
         from .pipeline import LLMPipeline
 
-        device = "NPU" if runtime == "npuw-kv-npu" else "CPU"
+        device = "NPU" if runtime.startswith("npuw-kv-npu") else "CPU"
         # every timed run repeats the prompt: reusing its cached KV would time one chunk, so the
         # runs are cold, as genai-cpu's (prefix caching off); -p PREFIX_REUSE=YES overrides
         settings = dict(extra)
         named = {PipelineConfig.setting_name(key) for key in settings}
         if "prefix_reuse" not in named:
             settings["prefix_reuse"] = False
-        if runtime == "npuw-kv-sdpa" and "attention_backend" not in named:
-            settings["attention_backend"] = "sdpa"  # the static-shape path on CPU
+        for name, value in _OUR_PRESETS.get(runtime, {}).items():
+            if name not in named:
+                settings[name] = value
         pipe = LLMPipeline(
             model_dir,
             device,
@@ -218,19 +241,19 @@ def run_bench(args: argparse.Namespace) -> int:
         (r for r in results if r["runtime"].startswith("npuw-kv") and "error" not in r), None
     )
     header = (
-        f"{'runtime':<13}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'KV MB':>8}"
+        f"{'runtime':<19}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'KV MB':>8}"
         f"{'load s':>8}  same tokens"
     )
     print(header)
     print("-" * len(header))
     for r in results:
         if "error" in r:
-            print(f"{r['runtime']:<13} failed: {r['error']}")
+            print(f"{r['runtime']:<19} failed: {r['error']}")
             continue
         kv = f"{r['kv_bytes'] / 2**20:.1f}" if "kv_bytes" in r else "-"
         same = "-" if ours is None or r is ours else str(r.get("tokens") == ours.get("tokens"))
         print(
-            f"{r['runtime']:<13}{r['ttft_s']:>9.3f}{r['ms_per_token']:>10.1f}{r['peak_rss_mb']:>13.0f}"
+            f"{r['runtime']:<19}{r['ttft_s']:>9.3f}{r['ms_per_token']:>10.1f}{r['peak_rss_mb']:>13.0f}"
             f"{kv:>8}{r['load_s']:>8.1f}  {same}"
         )
     if base and ours:

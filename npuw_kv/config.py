@@ -14,8 +14,9 @@ from typing import Any
 
 DEVICES = ("CPU", "NPU")
 KV_PRECISIONS = ("auto", "f32", "f16", "bf16", "u8")
-KV_BINDINGS = ("roi", "copy")
+KV_BINDINGS = ("roi", "contiguous", "copy")
 ATTENTION_BACKENDS = ("auto", "sdpa", "pa")
+PREFILL_ATTENTIONS = ("auto", "static", "pyramid")  # NPUW_LLM_PREFILL_ATTENTION_HINT
 GGUF_ZERO_POINTS = ("genai", "exact")
 _NPUW_DEVICE = re.compile(r"(NPU|CPU|GPU)(\.\d+)?", re.IGNORECASE)  # what NPUW places on
 # tokens per block of the static-shape path's host prefix store (runtime/prefix_store.py)
@@ -40,6 +41,14 @@ _ALIASES: dict[str, str] = {
     "NPUW_DEVICES": "npuw_devices",
     "NUM_THREADS": "num_threads",
     "INFERENCE_NUM_THREADS": "num_threads",
+    "PREFILL_ATTENTION": "prefill_attention",
+    "NPUW_LLM_PREFILL_ATTENTION_HINT": "prefill_attention",
+    "GENERATE_PYRAMID": "generate_pyramid",
+    "NPUW_LLM_GENERATE_PYRAMID": "generate_pyramid",
+    "SHARED_HEAD": "shared_head",
+    "NPUW_LLM_SHARED_HEAD": "shared_head",
+    "OPTIMIZE_V_TENSORS": "optimize_v_tensors",
+    "NPUW_LLM_OPTIMIZE_V_TENSORS": "optimize_v_tensors",
 }
 # OpenVINO properties passed through to compile_model unchanged (the plugin validates values).
 _PASSTHROUGH = (
@@ -63,8 +72,16 @@ _INTS = (
     "num_threads",
     "prefix_cache_tokens",
 )
-_BOOLS = ("prefix_reuse", "full_prefill_logits", "static_models")  # static_models: None = auto
-_LOWER = ("kv_precision", "kv_binding", "gguf_zero_points", "attention_backend")
+# None means auto for these
+_AUTO_BOOLS = ("static_models", "generate_pyramid", "shared_head", "optimize_v_tensors")
+_BOOLS = ("prefix_reuse", "full_prefill_logits", *_AUTO_BOOLS)
+_LOWER = (
+    "kv_precision",
+    "kv_binding",
+    "gguf_zero_points",
+    "attention_backend",
+    "prefill_attention",
+)
 # the smallest value of each size, and the values each choice allows
 _MINIMUMS = {
     "prefill_chunk_size": 1,
@@ -77,6 +94,7 @@ _CHOICES = {
     "kv_precision": KV_PRECISIONS,
     "kv_binding": KV_BINDINGS,
     "attention_backend": ATTENTION_BACKENDS,
+    "prefill_attention": PREFILL_ATTENTIONS,
     "gguf_zero_points": GGUF_ZERO_POINTS,
 }
 
@@ -115,7 +133,7 @@ def _normalize(name: str, value: Any) -> Any:
     """A setting's value in its field's type, so that two spellings of it compare equal."""
     if name in _INTS:
         return _as_int(name, value)
-    if name in _BOOLS and not (name == "static_models" and value is None):
+    if name in _BOOLS and not (name in _AUTO_BOOLS and value is None):
         return _as_bool(name, value)
     if name in _LOWER:
         return str(value).lower()
@@ -138,6 +156,8 @@ class PipelineConfig:
     min_response_len: int = 128
     prefill_chunk_size: int = 256
     kv_precision: str = "auto"
+    # "roi": every KV tensor a view of the shared buffer, strided ones too; "contiguous": only
+    # dense views bound, strided ones staged (a device refusing strides); "copy": all staged
     kv_binding: str = "roi"
     static_models: bool | None = None
     attention_backend: str = "auto"  # "pa": PagedAttention (CPU); "sdpa": static-shape views
@@ -147,6 +167,13 @@ class PipelineConfig:
     npuw_devices: str = "CPU"
     num_threads: int = 0
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
+    # static models (NPU): prefill variants by past length ("auto": pyramid), generate
+    # variants by KV length (None: on), the embedding and LM head cut out and compiled once
+    # (None: on where the graph allows), V stored transposed (not implemented: refused)
+    prefill_attention: str = "auto"
+    generate_pyramid: bool | None = None
+    shared_head: bool | None = None
+    optimize_v_tensors: bool | None = None
     gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
     # max_prompt_len as given, before rounding up to a multiple of the chunk (for messages)
@@ -169,6 +196,7 @@ class PipelineConfig:
                 "sub-models f16 instead; use 'f16' (the same memory) or 'f32'"
             )
         self._check_attention_backend()
+        self._check_variants()
         room = self.prefix_cache_tokens
         if room and not self.paged and room < STORE_BLOCK_TOKENS:
             raise ValueError(
@@ -240,6 +268,7 @@ class PipelineConfig:
                 "device NPU (NPUW runs static models)": self.device == "NPU",
                 "static_models=True": self.static_models is True,
                 "kv_binding='copy'": self.kv_binding == "copy",
+                "kv_binding='contiguous'": self.kv_binding == "contiguous",
             }
             clash = [what for what, bad in sdpa_only.items() if bad]
             if clash:
@@ -253,6 +282,42 @@ class PipelineConfig:
                 f"{label('kv_precision')} 'u8' needs {label('attention_backend')} 'pa' on CPU "
                 "(the device quantises the cache blocks there)"
             )
+
+    def _check_variants(self) -> None:
+        """NPUW's LLM options that shape the static models: honoured there, refused where
+        they would mean nothing (or, for V transposed, not implemented)."""
+        if self.optimize_v_tensors:
+            raise ValueError(
+                f"{label('optimize_v_tensors')} YES: storing V transposed ([1, H, D, S]) is not "
+                "implemented; npuw-kv keeps V as [1, H, S, D], which NPUW-on-CPU reads as fast. "
+                "Leave it unset or set it NO"
+            )
+        if self.use_static_models:
+            return
+        where = "the CPU static-shape path's one dynamic model"
+        if self.paged:
+            where = "PagedAttention"
+        if self.prefill_attention == "static":
+            raise ValueError(
+                f"{label('prefill_attention')} 'static' shapes the static models (device NPU "
+                f"or static_models=True); {where} runs every chunk over exactly the past "
+                "before it"
+            )
+        if self.generate_pyramid and not self.paged:
+            raise ValueError(
+                f"{label('generate_pyramid')} YES shapes the static models (device NPU or "
+                f"static_models=True); {where} reads the whole buffer at each step"
+            )
+
+    @property
+    def pyramid(self) -> bool:
+        """Prefill variants by past length on the static models (``auto``: yes)."""
+        return self.use_static_models and self.prefill_attention != "static"
+
+    @property
+    def generate_variants(self) -> bool:
+        """Generate variants by KV length on the static models (None: yes)."""
+        return self.use_static_models and self.generate_pyramid is not False
 
     @property
     def paged(self) -> bool:

@@ -49,7 +49,16 @@ MODES: dict[str, dict[str, Any]] = {
     # the static-shape path on CPU (the NPU path always is)
     "sdpa": {"attention_backend": "sdpa", **EXACT_F32},
     "copy": {"kv_precision": "f32", "kv_binding": "copy", **EXACT_F32},
+    # static models: with their variants (pyramid prefill, generate variants; the defaults),
+    # and with one prefill and one generate model
     "static": {"kv_precision": "f32", "static_models": True, **EXACT_F32},
+    "no-pyramid": {
+        "kv_precision": "f32",
+        "static_models": True,
+        "prefill_attention": "static",
+        "generate_pyramid": False,
+        **EXACT_F32,
+    },
     "f16-kv": {"kv_precision": "f16", **EXACT_F32},
     "bf16-kv": {"kv_precision": "bf16", **EXACT_F32},
     "device-default": {},
@@ -60,6 +69,7 @@ TOLERANCE: dict[str, dict[str, float]] = {
     "sdpa": {"CPU": 1e-3},
     "copy": {"CPU": 1e-3, "NPU": 1e-3},
     "static": {"CPU": 1e-3, "NPU": 1e-3},
+    "no-pyramid": {"CPU": 1e-3, "NPU": 1e-3},
     "f16-kv": {"CPU": 0.1, "NPU": 0.1},
     # bf16 keeps 8 mantissa bits to f16's 11: ~8x the rounding of f16-kv (0.22 / 0.45 seen at
     # 1k / 4k; NPUW's own f16 KV gives 0.44 / 0.56).  NPUW has no bf16 (see NOT_ON_DEVICE).

@@ -103,10 +103,18 @@ def set_shapes(
         return ov.Dimension(n) if n is not None else ov.Dimension()
 
     shapes: dict[str, ov.PartialShape] = {
-        "input_ids": ov.PartialShape([1, dim(tokens)]),
         "position_ids": ov.PartialShape([1, dim(tokens)]),
         "attention_mask": ov.PartialShape([1, dim(mask_len)]),
     }
+    names = {n for p in model.get_parameters() for n in p.output(0).get_names()}
+    if "input_ids" in names:
+        shapes["input_ids"] = ov.PartialShape([1, dim(tokens)])
+    embeds = next(
+        (p for p in model.get_parameters() if "inputs_embeds" in p.output(0).get_names()), None
+    )
+    if embeds is not None:  # the embedding cut off (see split.py)
+        hidden = embeds.get_output_partial_shape(0)[-1]
+        shapes["inputs_embeds"] = ov.PartialShape([1, dim(tokens), hidden])
     for p in layout.ports:
         shapes[p.input_name] = ov.PartialShape([1, p.num_heads, dim(past_len), p.head_dim])
     model.reshape(shapes)

@@ -18,12 +18,17 @@ from . import transforms as T
 from .layout import KVLayout, discover_layout
 from .window import apply_windows
 
+# the generate variants' KV lengths grow in steps of this many tokens (doubling), as NPUW's
+GENERATE_STEP = 1024
+
 
 @dataclass(frozen=True)
 class StaticShapes:
     chunk: int  # C: tokens per prefill chunk
     max_prompt_len: int  # prefill attention_mask length (multiple of C)
     total_len: int  # KV capacity: MAX_PROMPT_LEN + MIN_RESPONSE_LEN
+    pyramid: bool = False  # prefill variants by past length (see prefill_pasts)
+    generate_variants: bool = False  # generate variants by KV length (see generate_pasts)
 
     @property
     def prefill_past(self) -> int:
@@ -32,6 +37,39 @@ class StaticShapes:
     @property
     def generate_past(self) -> int:
         return self.total_len - 1
+
+    @property
+    def prefill_pasts(self) -> tuple[int, ...]:
+        """Past lengths of the prefill models, ascending; the last is the whole prefill past.
+
+        Pyramid: 0, C, 2C, 4C, ... (doubling) below the whole past.  A chunk starting at slot
+        s runs on the smallest past >= s, so it attends over at most twice the slots it needs
+        (every multiple of C would need ~1/2 fewer attention rows at 4k, but each model costs
+        ~16 MB of compiled code and buffers: 16 models at 4k/256 against 6).
+        """
+        if not self.pyramid:
+            return (self.prefill_past,)
+        pasts, past = [0], self.chunk
+        while past < self.prefill_past:
+            pasts.append(past)
+            past *= 2
+        return tuple(sorted({*pasts, self.prefill_past}))
+
+    @property
+    def generate_pasts(self) -> tuple[int, ...]:
+        """KV lengths the generate models read, ascending; the last is the whole buffer.
+
+        Like NPUW's ``NPUW_LLM_GENERATE_PYRAMID``: room for 1024, 2048, 4096, ... prompt
+        tokens plus the response (MIN_RESPONSE_LEN), then the whole capacity.
+        """
+        if not self.generate_variants:
+            return (self.generate_past,)
+        response = self.total_len - self.max_prompt_len
+        pasts, prompt = [], GENERATE_STEP
+        while prompt + response - 1 < self.generate_past:
+            pasts.append(prompt + response - 1)
+            prompt *= 2
+        return (*pasts, self.generate_past)
 
 
 def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
@@ -85,6 +123,28 @@ def static_pair(
         raise ModelLayoutError(f"static reshape failed: {exc}") from exc
     prefill.set_friendly_name("npuw_kv_prefill")
     generate.set_friendly_name("npuw_kv_generate")
+    return prefill, generate
+
+
+def static_ladder(
+    model: ov.Model, layout: KVLayout, shapes: StaticShapes
+) -> tuple[list[tuple[int, ov.Model]], list[tuple[int, ov.Model]]]:
+    """Clone into every prefill ``[1, C]`` and generate ``[1, 1]`` model of ``shapes``:
+    ``(past, model)`` pairs, ascending by past (the last of each is :func:`static_pair`'s)."""
+    prefill, generate = [], []
+    try:
+        for past in shapes.prefill_pasts:
+            m = model.clone()
+            T.set_shapes(m, layout, shapes.chunk, past + shapes.chunk, past)
+            m.set_friendly_name(f"npuw_kv_prefill_past{past}")
+            prefill.append((past, m))
+        for past in shapes.generate_pasts:
+            m = model.clone()
+            T.set_shapes(m, layout, 1, past + 1, past)
+            m.set_friendly_name(f"npuw_kv_generate_past{past}")
+            generate.append((past, m))
+    except Exception as exc:
+        raise ModelLayoutError(f"static reshape failed: {exc}") from exc
     return prefill, generate
 
 

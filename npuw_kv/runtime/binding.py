@@ -1,6 +1,9 @@
 """Binding one infer request's past inputs and present outputs to the shared KV cache.
 
-``roi`` mode hands the device views of the shared buffers: the past input is the view
+Three modes (``kv_binding``), differing in which tensors the device gets as views of the
+shared buffers and which through dense host staging:
+
+``roi`` hands the device views of the shared buffers: the past input is the view
 ``[0, past_len)`` (bound once), each present output the view of the slots being written (rebound
 per step).  Nothing is copied on the host.  A model with a split, sliced past (``past`` read up
 to the mask length, then ``past.tail``; see :func:`npuw_kv.model.transforms.slice_past`) only
@@ -11,18 +14,33 @@ the tail.  In copy mode the staging takes those places and the prefill's past do
 ``copy`` mode is for devices that refuse strided tensors: the request gets contiguous staging
 tensors; before an inference the rows that changed since the last sync are copied into the past
 staging, after it the present staging is copied into its slots.  Every byte is counted.
+
+``contiguous`` mode is NPUW's guard: bind a view directly only when it is dense
+(``is_continuous()``), stage only the strided ones, as copy mode does.  A device that refuses
+strided tensors (a real NPU without ``NPU_ENABLE_STRIDES_FOR``) must get dense tensors, but a
+contiguous view already is one, so copying it would be waste.  A ``[1, H, L, D]`` buffer's slot
+range is contiguous when ``H == 1`` (any range), and for ``H > 1`` only as the whole buffer: the
+generate request's past (the whole buffer) is then read in place while the prefill's past
+``[0, MAX_PROMPT_LEN - C)`` and every present output view are staged.  A sliced-past model binds
+only the whole buffer as its past, so it behaves like ``roi`` there; its outputs follow the guard.
+``past_paths`` and ``output_paths`` record which way each port went.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import openvino as ov
 
+from ..config import KV_BINDINGS
 from ..kv.cache import SharedKVCache
 from ..kv.copy import CopyCounter, safe_copy
 from ..model.transforms import tail_input
+
+# how a port's tensor reaches the request: the cache's own memory, or dense host staging
+BindPath = Literal["direct", "staged"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +50,14 @@ class BoundPort:
 
 
 class KVBinding:
+    """One request's past inputs and present outputs, bound per ``mode`` (module docstring).
+
+    ``past_paths[name]``: how port ``name``'s past input was bound (once, at construction).
+    ``output_paths[name]``: how its present output was bound for the current step (set by
+    :meth:`before`); ``outputs_direct`` / ``outputs_staged`` count the output bindings of each
+    kind since the last :meth:`reset` (a new prompt).  Staged bytes go to ``counter``.
+    """
+
     def __init__(
         self,
         request: ov.InferRequest,
@@ -44,6 +70,8 @@ class KVBinding:
         sliced: bool = False,
         grow: bool = False,
     ) -> None:
+        if mode not in KV_BINDINGS:
+            raise ValueError(f"kv_binding {mode!r} not in {KV_BINDINGS}")
         if past_len > cache.capacity:
             raise ValueError(f"past length {past_len} exceeds KV capacity {cache.capacity}")
         self.request = request
@@ -53,16 +81,23 @@ class KVBinding:
         self.new_tokens = new_tokens
         self.mode = mode
         self.counter = counter
-        # roi on a sliced-past model: each chunk reads exactly the slots before it
-        self.grow = grow and sliced and mode == "roi"
-        if sliced and mode == "roi" and not grow and past_len != cache.capacity:
+        # the past of a sliced-past model is the whole buffer, contiguous: only copy stages it
+        views = mode != "copy"
+        # a view mode on a sliced-past model: each chunk reads exactly the slots before it
+        self.grow = grow and sliced and views
+        if sliced and views and not grow and past_len != cache.capacity:
             raise ValueError(
                 "a sliced-past model reads a growing prefix (prefill) or the whole buffer "
                 f"(generate), not a fixed past of {past_len} slots"
             )
+        self.past_paths: dict[str, BindPath] = {}
+        self.output_paths: dict[str, BindPath] = {}
+        self.outputs_direct = 0
+        self.outputs_staged = 0
         self._synced = 0
         self._staging_in: dict[str, np.ndarray] = {}
         self._staging_out: dict[str, np.ndarray] = {}
+        self._staging_out_tensors: dict[str, ov.Tensor] = {}
         self._scratch: dict[str, ov.Tensor] = {}
         whole = (0, cache.capacity)
         for port in ports:
@@ -72,48 +107,76 @@ class KVBinding:
             if sliced:
                 other = port.name if target != port.name else tail_input(port.name)
                 request.set_tensor(other, self._empty(port.name))
-            if mode == "roi" and sliced:  # growing (prefill) or whole (generate), checked above
+            view: ov.Tensor | None = None
+            if views and sliced:  # growing (prefill) or whole (generate), checked above
                 # for the prefill, the chunk's output view [start, start + C) lies in this same
                 # buffer, past the slice the mask sets: the request never reads what it writes
-                request.set_tensor(target, cache.view(port.name, *whole))
-            elif mode == "roi" and past_len == 0:
-                # one chunk covers MAX_PROMPT_LEN: the prefill has no past at all
-                request.set_tensor(target, self._empty(port.name))
-            elif mode == "roi":
-                request.set_tensor(target, cache.view(port.name, 0, past_len))
+                view = cache.view(port.name, *whole)
+            elif views and past_len == 0:
+                # no past at all: one chunk covers MAX_PROMPT_LEN, or a prefill model of past 0
+                view = self._empty(port.name)
+            elif views:
+                view = cache.view(port.name, 0, past_len)
+            if view is not None and self._direct(view):
+                request.set_tensor(target, view)
+                self.past_paths[port.name] = "direct"
             else:
                 past = cache.zeros(port.name, past_len)
-                new = cache.zeros(port.name, new_tokens)
                 self._staging_in[port.name] = past
-                self._staging_out[port.name] = new
                 request.set_tensor(target, cache.tensor(past))
-                request.set_output_tensor(port.output_index, cache.tensor(new))
+                self.past_paths[port.name] = "staged"
+            if mode == "copy":  # bound once; the other modes bind their outputs per step
+                request.set_output_tensor(port.output_index, self._output_staging(port.name))
+
+    def _direct(self, tensor: ov.Tensor) -> bool:
+        """Whether ``tensor`` goes to the request as it is (else through dense staging)."""
+        if self.mode == "contiguous":
+            return bool(tensor.is_continuous())
+        return self.mode == "roi"
 
     def _empty(self, name: str) -> ov.Tensor:
         """A zero-length past, for a port that has nothing to read."""
         return self.cache.tensor(self.cache.zeros(name, 0))
 
+    def _output_staging(self, name: str) -> ov.Tensor:
+        """The dense tensor port ``name``'s present rows are written to when staged."""
+        if name not in self._staging_out_tensors:
+            new = self.cache.zeros(name, self.new_tokens)
+            self._staging_out[name] = new
+            self._staging_out_tensors[name] = self.cache.tensor(new)
+        return self._staging_out_tensors[name]
+
     def reset(self) -> None:
         """Forget what the staging holds (a new prompt rewrites the cache)."""
         self._synced = 0
+        self.outputs_direct = 0
+        self.outputs_staged = 0
 
     def before(self, write_slots: tuple[int, int], live_end: int) -> None:
-        """Point outputs at ``write_slots``; in copy mode sync past rows ``< live_end``."""
+        """Point outputs at ``write_slots``; sync staged past rows ``< live_end``."""
         start, stop = write_slots
         if stop - start != self.new_tokens:
             raise ValueError(f"write of {stop - start} rows into a {self.new_tokens}-row output")
-        if self.mode == "roi":
-            for port in self.ports:
-                self.request.set_output_tensor(
-                    port.output_index, self._output_view(port.name, start, stop)
-                )
-            return
+        for port in self.ports:
+            path: BindPath = "staged"
+            if self.mode != "copy":  # copy mode's output staging is bound for good
+                view = self._output_view(port.name, start, stop)
+                if self._direct(view):
+                    path = "direct"
+                else:
+                    view = self._output_staging(port.name)
+                self.request.set_output_tensor(port.output_index, view)
+            self.output_paths[port.name] = path
+            if path == "direct":
+                self.outputs_direct += 1
+            else:
+                self.outputs_staged += 1
         end = min(live_end, self.past_len)
-        if end > self._synced:
-            for port in self.ports:
+        if end > self._synced and self._staging_in:
+            for name, past in self._staging_in.items():
                 safe_copy(
-                    self._staging_in[port.name][:, :, self._synced : end, :],
-                    self.cache.rows(port.name, self._synced, end),
+                    past[:, :, self._synced : end, :],
+                    self.cache.rows(name, self._synced, end),
                     self.counter,
                 )
             self._synced = end
@@ -122,18 +185,22 @@ class KVBinding:
         if stop <= self.cache.capacity:
             return self.cache.view(name, start, stop)
         # The very last step's KV is never read again (the cache is then full): discard it.
+        # The scratch is a dense array, so even the contiguous guard binds it directly.
         if name not in self._scratch:
             self._scratch[name] = self.cache.tensor(self.cache.zeros(name, self.new_tokens))
         return self._scratch[name]
 
     def after(self, write_slots: tuple[int, int]) -> None:
-        """In copy mode, move the new rows from staging into their slots."""
+        """Move the new rows of staged outputs from staging into their slots."""
         start, stop = write_slots
-        if self.mode == "roi" or stop > self.cache.capacity:
+        if stop > self.cache.capacity:  # the last step: its KV is discarded
             return
         for port in self.ports:
-            safe_copy(
-                self.cache.rows(port.name, start, stop), self._staging_out[port.name], self.counter
-            )
-        # rows rewritten below the synced mark must be re-synced next time
+            if self.output_paths.get(port.name) == "staged":
+                safe_copy(
+                    self.cache.rows(port.name, start, stop),
+                    self._staging_out[port.name],
+                    self.counter,
+                )
+        # rows rewritten below the synced mark (by staging or in place) must be re-synced
         self._synced = min(self._synced, start)

@@ -93,7 +93,13 @@ def build_runner(
             )
             vocab = _vocab(request.get_compiled_model().output("logits"))
             return Built(paged_runner, config, vocab, None)
-    shapes = StaticShapes(config.prefill_chunk_size, config.max_prompt_len, kv_capacity)
+    shapes = StaticShapes(
+        config.prefill_chunk_size,
+        config.max_prompt_len,
+        kv_capacity,
+        config.pyramid,
+        config.generate_variants,
+    )
     prepared, layout = prepare(
         ir,
         resolve_kv_precision(core, config),
@@ -114,8 +120,7 @@ def build_runner(
             config.prefix_cache_tokens,
         ),
     )
-    logits = requests.prefill.get_compiled_model().outputs[layout.logits_output_index]
-    return Built(runner, config, _vocab(logits), layout)
+    return Built(runner, config, _vocab(requests.logits_output(layout.logits_output_index)), layout)
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:

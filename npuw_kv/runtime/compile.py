@@ -10,17 +10,38 @@ from typing import Any
 import openvino as ov
 
 from ..config import PipelineConfig
-from ..errors import CompileError
+from ..errors import CompileError, ModelLayoutError
 from ..model.layout import KVLayout
-from ..model.variants import StaticShapes, shared_dynamic, static_pair
+from ..model.split import split_model
+from ..model.variants import StaticShapes, shared_dynamic, static_ladder
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A static model of a smaller past than the largest (pyramid prefill, generate ladder)."""
+
+    past: int
+    request: ov.InferRequest
 
 
 @dataclass
 class Requests:
-    prefill: ov.InferRequest
-    generate: ov.InferRequest
+    prefill: ov.InferRequest  # the whole prefill past (or the one dynamic model)
+    generate: ov.InferRequest  # the whole buffer
     shared_weights: bool  # True when both requests come from one compiled model
     device_properties: dict[str, Any]
+    # static models with the embedding and LM head cut out (model/split.py): run around them
+    embed: ov.InferRequest | None = None
+    head: ov.InferRequest | None = None
+    # smaller variants, ascending by past (the largest is ``prefill`` / ``generate``)
+    prefill_ladder: tuple[Variant, ...] = ()
+    generate_ladder: tuple[Variant, ...] = ()
+
+    def logits_output(self, index: int) -> ov.Output:
+        """The compiled output that holds the logits (the head's, when cut out)."""
+        if self.head is not None:
+            return self.head.get_compiled_model().outputs[0]
+        return self.prefill.get_compiled_model().outputs[index]
 
 
 _BANKS = itertools.count()
@@ -111,18 +132,91 @@ def last_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+def _split(model: ov.Model, layout: KVLayout, config: PipelineConfig) -> Any:
+    """The model cut into embed / body / head (see model/split.py), or None to run it whole:
+    when every logit row is wanted, when ``shared_head`` is off, or when the cut does not fit
+    the graph (said in a warning unless the head was asked to be shared)."""
+    if config.full_prefill_logits or config.shared_head is False:
+        return None
+    try:
+        return split_model(model, layout)
+    except ModelLayoutError as exc:
+        if config.shared_head:
+            raise
+        warnings.warn(
+            f"cannot cut the embedding and LM head out of this model ({exc}); every static "
+            "model keeps its own copy of them",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def _head_target(
+    config: PipelineConfig, device: str, props: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """Where the cut-out LM head compiles, and with what.
+
+    NPUW on the CPU runs it on the CPU plugin as it is (a standalone NPUW compile of the head
+    leaves the weights as constants its CPU sub-request quantizes dynamically: |dlogit| 1.5e-2
+    under the exact f32 settings, 3e-5 on the CPU plugin).  With an NPU present it goes there,
+    unfolded (one MatMul: nothing to fold, and NPUW crashes on it with every sub-graph a
+    function and f32 tensors between them).
+    """
+    if device == "NPU" and props.get("NPUW_DEVICES") != "CPU":
+        return device, {**props, "NPUW_FUNCALL_FOR_ALL": "NO", **config.compile_properties}
+    cpu = {k: v for k, v in config.compile_properties.items() if not k.upper().startswith("NPU")}
+    if config.num_threads:
+        cpu["INFERENCE_NUM_THREADS"] = config.num_threads
+    return "CPU", cpu
+
+
 def compile_requests(
     core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
 ) -> Requests:
     device, props = device_properties(core, config)
     if config.use_static_models:
-        pair = static_pair(model, layout, shapes)
+        split = _split(model, layout, config)
+        # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and
+        # f32 tensors between them; the split body compiles
+        if (
+            split is None
+            and props.get("NPUW_F16IC") == "NO"
+            and "NPUW_FUNCALL_FOR_ALL" not in config.compile_properties
+        ):
+            props = {**props, "NPUW_FUNCALL_FOR_ALL": "NO"}
+        prefill_models, generate_models = static_ladder(
+            split.body if split is not None else model, layout, shapes
+        )
 
-        def compile_pair(p: dict[str, Any]) -> list[ov.InferRequest]:
-            return [core.compile_model(m, device, p).create_infer_request() for m in pair]
+        def compile_all(p: dict[str, Any]) -> Requests:
+            def request(m: ov.Model) -> ov.InferRequest:
+                return core.compile_model(m, device, p).create_infer_request()
+
+            prefill = [Variant(past, request(m)) for past, m in prefill_models]
+            generate = [Variant(past, request(m)) for past, m in generate_models]
+            embed = head = None
+            if split is not None:
+                # the gather runs on the host, as NPUW's own (NPUW_HOST_GATHER): exact f32 rows
+                host: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+                if config.num_threads:
+                    host["INFERENCE_NUM_THREADS"] = config.num_threads
+                embed = core.compile_model(split.embed, "CPU", host).create_infer_request()
+                head = core.compile_model(split.head, *_head_target(config, device, p))
+                head = head.create_infer_request()
+            return Requests(
+                prefill[-1].request,
+                generate[-1].request,
+                False,
+                p,
+                embed,
+                head,
+                tuple(prefill[:-1]),
+                tuple(generate[:-1]),
+            )
 
         try:
-            prefill, generate = compile_pair(props)
+            return compile_all(props)
         except RuntimeError as exc:
             if props.get("NPUW_FOLD") != "YES":
                 raise
@@ -140,9 +234,7 @@ def compile_requests(
                 RuntimeWarning,
                 stacklevel=2,
             )
-            props = {**props, "NPUW_FOLD": "NO"}
-            prefill, generate = compile_pair(props)
-        return Requests(prefill, generate, False, props)
+            return compile_all({**props, "NPUW_FOLD": "NO"})
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 

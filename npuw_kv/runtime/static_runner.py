@@ -7,6 +7,8 @@ logits, not text (that is :mod:`npuw_kv.pipeline`).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -15,6 +17,7 @@ from ..errors import CapacityError
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.copy import CopyCounter
 from ..model.layout import KVLayout
+from ..model.split import EMBEDS_INPUT
 from ..model.variants import StaticShapes
 from .binding import BoundPort, KVBinding
 from .compile import Requests
@@ -31,6 +34,20 @@ def shared_prefix(cached: list[int], ids: np.ndarray) -> int:
         return 0
     differ = np.flatnonzero(np.asarray(cached[:n]) != ids[:n])
     return int(differ[0]) if differ.size else n
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """One static model (a variant by past length) with its binding to the shared cache."""
+
+    past: int
+    request: ov.InferRequest
+    binding: KVBinding
+
+
+def _pick(variants: list[_Bound], slot: int) -> _Bound:
+    """The variant with the smallest past that holds every slot before ``slot``."""
+    return next(v for v in variants if v.past >= slot)
 
 
 class StaticRunner(Runner):
@@ -64,15 +81,23 @@ class StaticRunner(Runner):
         except RuntimeError as exc:
             if kv_binding != "roi":
                 raise
-            # a device that refuses strided (ROI) tensors: stage through contiguous copies
+            # a device that refuses strided (ROI) tensors (an NPU without NPU_ENABLE_STRIDES_FOR)
+            # needs dense ones: bind the views that are contiguous (already dense) directly and
+            # stage only the strided ones through copies
             warnings.warn(
-                f"device refused ROI views of the KV cache ({exc}); using kv_binding='copy'",
+                f"device refused ROI views of the KV cache ({exc}); using "
+                "kv_binding='contiguous' (strided views staged through host copies)",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            kv_binding = "copy"
+            kv_binding = "contiguous"
             self._bind(ports, kv_binding)
         self.kv_binding = kv_binding
+        self._body_reads_ids = any(
+            "input_ids" in i.get_names() for i in requests.prefill.get_compiled_model().inputs
+        )
+        self.prefill_pasts_used: list[int] = []  # per chunk of the last prompt
+        self.generate_past_used = 0  # by the last step
         self.slots = Slots(self.cache.capacity)
         self.switch_copied_bytes = 0
         self.prefill_copied_bytes = 0
@@ -97,8 +122,32 @@ class StaticRunner(Runner):
                 request, ports, self.cache, past, new, mode, self.copied, self._sliced, grow
             )
 
-        self.prefill_binding = binding(self.requests.prefill, self.prefill_past, shapes.chunk, True)
-        self.generate_binding = binding(self.requests.generate, shapes.generate_past, 1, False)
+        requests = self.requests
+        # every variant reads a view [0, past) of the same buffers: switching copies nothing
+        self.prefill_variants = [
+            _Bound(v.past, v.request, binding(v.request, v.past, shapes.chunk, True))
+            for v in requests.prefill_ladder
+        ]
+        self.prefill_variants.append(
+            _Bound(
+                self.prefill_past,
+                requests.prefill,
+                binding(requests.prefill, self.prefill_past, shapes.chunk, True),
+            )
+        )
+        self.generate_variants = [
+            _Bound(v.past, v.request, binding(v.request, v.past, 1, False))
+            for v in requests.generate_ladder
+        ]
+        self.generate_variants.append(
+            _Bound(
+                shapes.generate_past,
+                requests.generate,
+                binding(requests.generate, shapes.generate_past, 1, False),
+            )
+        )
+        self.prefill_binding = self.prefill_variants[-1].binding
+        self.generate_binding = self.generate_variants[-1].binding
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -127,16 +176,37 @@ class StaticRunner(Runner):
     def host_bytes_copied(self) -> int:
         return self.copied.bytes
 
-    def _infer(
-        self, request: ov.InferRequest, binding: KVBinding, inputs: StepInputs
-    ) -> np.ndarray:
-        request.set_tensor("input_ids", ov.Tensor(inputs.input_ids))
+    def _infer(self, variant: _Bound, inputs: StepInputs) -> np.ndarray:
+        request, requests = variant.request, self.requests
+        ids = ov.Tensor(inputs.input_ids)
+        if requests.embed is not None:  # the embedding runs on its own (model/split.py)
+            requests.embed.set_tensor("input_ids", ids)
+            requests.embed.infer()
+            request.set_tensor(EMBEDS_INPUT, requests.embed.get_output_tensor(0))
+        if requests.embed is None or self._body_reads_ids:
+            request.set_tensor("input_ids", ids)
         request.set_tensor("position_ids", ov.Tensor(inputs.position_ids))
         request.set_tensor("attention_mask", ov.Tensor(inputs.attention_mask))
         request.infer()
-        binding.after(inputs.write_slots)
-        logits = request.get_output_tensor(self.layout.logits_output_index).data
+        variant.binding.after(inputs.write_slots)
+        out = request.get_output_tensor(self.layout.logits_output_index)
+        if requests.head is not None:  # the last position's hidden state -> logits
+            requests.head.set_input_tensor(out)
+            requests.head.infer()
+            out = requests.head.get_output_tensor(0)
+        logits = out.data
         return logits.reshape(-1, logits.shape[-1])  # [rows, vocab]: 1 row, or C (full logits)
+
+    def stats(self) -> dict[str, Any]:
+        """The common accounting, plus the static models: the past length of each prefill and
+        generate variant, and which ones the last prompt's chunks and the last step ran."""
+        return {
+            **super().stats(),
+            "prefill_variants": [v.past for v in self.prefill_variants],
+            "generate_variants": [v.past for v in self.generate_variants],
+            "prefill_pasts_used": list(self.prefill_pasts_used),
+            "generate_past_used": self.generate_past_used,
+        }
 
     # -- phases ------------------------------------------------------------------------------
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
@@ -157,16 +227,18 @@ class StaticRunner(Runner):
         if restore:
             assert self.prefix_store is not None
             self.prefix_store.restore(ids, plan.cached, plan.pad)
-        self.prefill_binding.reset()
-        self.generate_binding.reset()
+        for bound in self.prefill_variants + self.generate_variants:
+            bound.binding.reset()
         logits = np.empty((1, 0), np.float32)
+        self.prefill_pasts_used = []
         for k in range(plan.num_chunks):
-            binding = self.prefill_binding
-            inputs = prefill_inputs(
-                ids, plan, k, chunk_past_len(plan, k, binding.grow, binding.past_len)
-            )
-            self.prefill_binding.before(inputs.write_slots, inputs.write_slots[0])
-            logits = self._infer(self.requests.prefill, self.prefill_binding, inputs)
+            variant = _pick(self.prefill_variants, plan.chunk_slots(k)[0])
+            binding = variant.binding
+            past = chunk_past_len(plan, k, binding.grow, binding.past_len)
+            self.prefill_pasts_used.append(past)
+            inputs = prefill_inputs(ids, plan, k, past)
+            binding.before(inputs.write_slots, inputs.write_slots[0])
+            logits = self._infer(variant, inputs)
             if on_chunk is not None:
                 positions = inputs.position_ids[0, -logits.shape[0] :]
                 rows = np.arange(*inputs.write_slots)[-logits.shape[0] :] - plan.pad
@@ -214,15 +286,17 @@ class StaticRunner(Runner):
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.shapes.total_len)
         kept = self.slots.keeps_next
-        inputs = self.slots.step_inputs(int(token), self.shapes.generate_past)
+        variant = _pick(self.generate_variants, self.slots.next)
+        self.generate_past_used = variant.past
+        inputs = self.slots.step_inputs(int(token), variant.past)
         before = self.copied.bytes
-        self.generate_binding.before(inputs.write_slots, inputs.write_slots[0])
+        variant.binding.before(inputs.write_slots, inputs.write_slots[0])
         if self._at_switch:
             # roi mode: the generate request already reads the buffer prefill wrote (0 bytes);
             # copy mode: this is where the prompt's KV is staged for the generate request.
             self.switch_copied_bytes = self.copied.bytes - before
             self._at_switch = False
-        logits = self._infer(self.requests.generate, self.generate_binding, inputs)
+        logits = self._infer(variant, inputs)
         if kept:  # the very last step's KV is not kept
             self._cached.append(int(token))
         self.slots.advance()

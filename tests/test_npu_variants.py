@@ -1,0 +1,148 @@
+"""The NPU path's static models: pyramid prefill, generate variants, the embedding and LM head
+compiled once — all reading views of the one shared buffer (tiny random Llamas, NPUW on CPU).
+
+Exact f32 compute: a variant attends over more masked slots than another, which changes no
+value, so every variant must give the reference's tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+import pytest
+
+from npuw_kv.config import EXACT_F32
+from npuw_kv.model.source import resolve_model
+from npuw_kv.pipeline import LLMPipeline
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from make_tiny_gguf import make_tiny_gguf  # noqa: E402
+from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
+
+C = 16
+# NPUW's default partitioning cannot run these tiny graphs (see test_tiny_model.py)
+NPU = {"NPUW_ONLINE_PIPELINE": "NONE", **EXACT_F32}
+
+
+@pytest.fixture(scope="module", params=["gguf", "optimum-intel"])
+def tiny_dir(request, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny_variants")
+    if request.param == "optimum-intel":
+        return resolve_model(make_tiny_optimum_ir(root / "ir", std=0.2, seed=3))
+    gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
+    return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir):
+    pipe = openvino_genai.LLMPipeline(str(tiny_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
+
+    def run(ids: np.ndarray, n: int) -> list[int]:
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = n
+        config.ignore_eos = True
+        return [int(t) for t in pipe.generate(ov.Tensor(ids[None]), config).tokens[0]]
+
+    return run
+
+
+def _ids(n: int, seed: int = 1) -> np.ndarray:
+    return (np.arange(n, dtype=np.int64) * 7919 + seed * 13) % 49000 + 100
+
+
+def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, reference):
+    settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=16, **NPU)
+    pyramid = LLMPipeline(tiny_dir, "NPU", **settings)
+    static = LLMPipeline(tiny_dir, "NPU", prefill_attention="static", **settings)
+    assert pyramid.kv_stats()["prefill_variants"] == [0, 16, 32, 64, 112]
+    assert static.kv_stats()["prefill_variants"] == [112]
+
+    ids = _ids(90)  # 6 chunks, the first starting at slot 0 (6 pad slots)
+    tokens = pyramid.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
+    stats = pyramid.kv_stats()
+    # chunk k starts at slot 16k and runs on the smallest past >= 16k
+    assert stats["prefill_pasts_used"] == [0, 16, 32, 64, 64, 112]
+    assert stats["host_bytes_copied"] == 0
+    assert tokens == static.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
+    assert static.kv_stats()["prefill_pasts_used"] == [112] * 6
+    assert tokens == reference(ids, 12)
+
+    # a continuation: its one chunk ends at slot 113, starting off the grid at 97
+    longer = np.concatenate([ids, tokens, _ids(5, seed=2)])
+    again = pyramid.generate(longer, max_new_tokens=6, ignore_eos=True)
+    used = pyramid.kv_stats()["prefill_pasts_used"]
+    assert pyramid.kv_stats()["reused_tokens"] > 0
+    assert used == [112] and again.tokens == reference(longer, 6)
+
+
+def test_generate_variants_switch_without_copying(tiny_dir, reference):
+    settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
+    pipe = LLMPipeline(tiny_dir, "NPU", **settings)
+    assert pipe.kv_stats()["generate_variants"] == [1039, 1551]  # room for 1024 + 16, all
+
+    short = _ids(40)
+    assert pipe.generate(short, max_new_tokens=8, ignore_eos=True).tokens == reference(short, 8)
+    assert pipe.kv_stats()["generate_past_used"] == 1039
+
+    # 1020 prompt tokens end at slot 1024: steps write 1024.., crossing 1039 mid-answer
+    ids = _ids(1020, seed=3)
+    result = pipe.generate(ids, max_new_tokens=24, ignore_eos=True)
+    stats = pipe.kv_stats()
+    assert stats["generate_past_used"] == 1551
+    assert stats["host_bytes_copied"] == 0 and stats["switch_host_bytes_copied"] == 0
+    assert result.tokens == reference(ids, 24)
+    plain = LLMPipeline(tiny_dir, "NPU", generate_pyramid="NO", **settings)
+    assert plain.kv_stats()["generate_variants"] == [1551]
+    assert plain.generate(ids, max_new_tokens=24, ignore_eos=True).tokens == result.tokens
+
+
+def test_embedding_and_head_compiled_once(tiny_dir):
+    settings = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=16, **NPU)
+    split = LLMPipeline(tiny_dir, "NPU", **settings)
+    whole = LLMPipeline(tiny_dir, "NPU", shared_head="NO", **settings)
+    requests = split.runner.requests
+    assert requests.embed is not None and requests.head is not None
+    assert requests.embed.get_compiled_model().get_property("EXECUTION_DEVICES") == ["CPU"]
+    assert whole.runner.requests.head is None
+    ids = _ids(50)
+    a = split.generate(ids, max_new_tokens=8, ignore_eos=True)
+    b = whole.generate(ids, max_new_tokens=8, ignore_eos=True)
+    assert a.tokens == b.tokens
+    np.testing.assert_allclose(a.first_logits, b.first_logits, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"NPUW_LLM_PREFILL_ATTENTION_HINT": "DYNAMIC"}, "prefill_attention"),
+        ({"NPUW_LLM_OPTIMIZE_V_TENSORS": "YES"}, "not implemented"),
+        ({"device": "CPU", "prefill_attention": "static"}, "prefill_attention"),
+        ({"device": "CPU", "attention_backend": "sdpa", "generate_pyramid": True}, "generate"),
+    ],
+)
+def test_variant_settings_refused_where_they_mean_nothing(settings, message):
+    from npuw_kv.config import PipelineConfig
+
+    device = settings.pop("device", "NPU")
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig.from_kwargs(device, **settings)
+
+
+def test_variant_settings_take_npuw_names():
+    from npuw_kv.config import PipelineConfig
+
+    config = PipelineConfig.from_kwargs(
+        "NPU",
+        NPUW_LLM_PREFILL_ATTENTION_HINT="STATIC",
+        NPUW_LLM_GENERATE_PYRAMID="NO",
+        NPUW_LLM_SHARED_HEAD="YES",
+        NPUW_LLM_OPTIMIZE_V_TENSORS="NO",
+    )
+    assert (config.pyramid, config.generate_variants, config.shared_head) == (False, False, True)
+    assert config.compile_properties == {}  # ours: none of them reaches the plugin
+    assert PipelineConfig.from_kwargs("NPU").pyramid  # the default
+    assert not PipelineConfig.from_kwargs("CPU", prefill_attention="pyramid").pyramid
