@@ -18,7 +18,13 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
     context = trained_context(model_dir)
     core = ov.Core()
-    shapes = StaticShapes(cfg.prefill_chunk_size, cfg.max_prompt_len, cfg.kv_capacity(context))
+    shapes = StaticShapes(
+        cfg.prefill_chunk_size,
+        cfg.max_prompt_len,
+        cfg.kv_capacity(context),
+        cfg.pyramid,
+        cfg.generate_variants,
+    )
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
     window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
     _, layout = prepare(read_ir(core, model_dir), resolve_kv_precision(core, cfg), False, window)
@@ -58,11 +64,23 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         return "\n".join(lines)
     lines += [
         f"device           {cfg.device} "
-        + ("(two static models)" if cfg.use_static_models else "(one model, both shapes)"),
+        + ("(static models)" if cfg.use_static_models else "(one model, both shapes)"),
         f"prefill          input_ids [1,{shapes.chunk}]  attention_mask [1,{shapes.max_prompt_len}]"
         f"  past [1,{layout.num_kv_heads},{shapes.prefill_past},{layout.head_dim}]",
         f"generate         input_ids [1,1]  attention_mask [1,{shapes.total_len}]"
         f"  past [1,{layout.num_kv_heads},{shapes.generate_past},{layout.head_dim}]",
+        *(
+            [
+                "prefill pasts    "
+                + ", ".join(map(str, shapes.prefill_pasts))
+                + " (a model each; a chunk runs on the smallest holding its past)",
+                "generate pasts   "
+                + ", ".join(map(str, shapes.generate_pasts))
+                + " (a model each, views of the same buffer)",
+            ]
+            if cfg.use_static_models
+            else []
+        ),
         f"KV cache         {kv_slots} slots x {per_token} B/token"
         f" = {kv_slots * per_token / 2**20:.1f} MiB",
     ]
