@@ -45,7 +45,7 @@ class StaticShapes:
         Pyramid: 0, C, 2C, 4C, ... (doubling) below the whole past.  A chunk starting at slot
         s runs on the smallest past >= s, so it attends over at most twice the slots it needs
         (every multiple of C would need ~1/2 fewer attention rows at 4k, but each model costs
-        ~16 MB of compiled code and buffers: 16 models at 4k/256 against 6).
+        ~40 MB of compiled code and buffers: 16 models at 4k/256 against 7).
         """
         if not self.pyramid:
             return (self.prefill_past,)
@@ -53,6 +53,11 @@ class StaticShapes:
         while past < self.prefill_past:
             pasts.append(past)
             past *= 2
+        # the widest step, from the last doubling to the whole past, gets its midpoint when
+        # at least 4 chunks apart (at 4k/256: 2048 -> 3072 -> 3840)
+        gap = self.prefill_past - pasts[-1]
+        if gap >= 4 * self.chunk:
+            pasts.append(pasts[-1] + -(-gap // 2 // self.chunk) * self.chunk)
         return tuple(sorted({*pasts, self.prefill_past}))
 
     @property
