@@ -122,6 +122,7 @@ def test_embedding_and_head_compiled_once(tiny_dir):
         ({"NPUW_LLM_OPTIMIZE_V_TENSORS": "YES"}, "not implemented"),
         ({"device": "CPU", "prefill_attention": "static"}, "prefill_attention"),
         ({"device": "CPU", "attention_backend": "sdpa", "generate_pyramid": True}, "generate"),
+        ({"device": "CPU", "attention_backend": "pa", "kv_binding": "contiguous"}, "contiguous"),
     ],
 )
 def test_variant_settings_refused_where_they_mean_nothing(settings, message):
