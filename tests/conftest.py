@@ -1,10 +1,11 @@
-"""Shared fixtures: the real SmolLM2 model and exact f32 references.
+"""Shared fixtures: the real SmolLM2 model, tiny random Llamas, and exact f32 references.
 
 Nothing here skips: if the model package or OpenVINO is missing, the fixtures fail loudly.
 """
 
 from __future__ import annotations
 
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +18,10 @@ from npuw_kv.config import EXACT_F32
 from npuw_kv.model.source import resolve_model
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.prompts import prompt_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from make_tiny_gguf import make_tiny_gguf  # noqa: E402
+from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 CHUNK = 256
 MAX_PROMPT = 1024
@@ -129,3 +134,30 @@ def any_pipe(request, smol_dir: Path) -> LLMPipeline:
     pipe = make_pipe(smol_dir, device, **extra)
     pipe.label = request.param  # type: ignore[attr-defined]
     return pipe
+
+
+@pytest.fixture(scope="module", params=["gguf", "optimum-intel"])
+def tiny_dir(request, tmp_path_factory) -> Path:
+    """A tiny random Llama (4 query / 2 KV heads, head_dim 16, 2 layers) from both sources: a
+    GGUF converted by openvino-genai and an optimum-intel IR (whose graph differs in names,
+    RoPE, GQA and SDPA form)."""
+    root = tmp_path_factory.mktemp("tiny")
+    if request.param == "optimum-intel":
+        # needs the `optimum` extra and optimum-intel (README's test command installs both)
+        return resolve_model(make_tiny_optimum_ir(root / "ir", std=0.2, seed=3))
+    gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
+    return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_dir):
+    """openvino-genai's exact f32 greedy tokens for the tiny model: ``run(ids, n)``."""
+    pipe = openvino_genai.LLMPipeline(str(tiny_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
+
+    def run(ids: np.ndarray, n: int) -> list[int]:
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = n
+        config.ignore_eos = True
+        return [int(t) for t in pipe.generate(ov.Tensor(ids[None]), config).tokens[0]]
+
+    return run

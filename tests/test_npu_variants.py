@@ -7,54 +7,22 @@ value, so every variant must give the reference's tokens.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
-import openvino as ov
-import openvino_genai
 import pytest
 
 from npuw_kv.config import EXACT_F32
-from npuw_kv.model.source import resolve_model
 from npuw_kv.pipeline import LLMPipeline
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from make_tiny_gguf import make_tiny_gguf  # noqa: E402
-from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 C = 16
 # NPUW's default partitioning cannot run these tiny graphs (see test_tiny_model.py)
 NPU = {"NPUW_ONLINE_PIPELINE": "NONE", **EXACT_F32}
 
 
-@pytest.fixture(scope="module", params=["gguf", "optimum-intel"])
-def tiny_dir(request, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tiny_variants")
-    if request.param == "optimum-intel":
-        return resolve_model(make_tiny_optimum_ir(root / "ir", std=0.2, seed=3))
-    gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
-    return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_dir):
-    pipe = openvino_genai.LLMPipeline(str(tiny_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
-
-    def run(ids: np.ndarray, n: int) -> list[int]:
-        config = openvino_genai.GenerationConfig()
-        config.max_new_tokens = n
-        config.ignore_eos = True
-        return [int(t) for t in pipe.generate(ov.Tensor(ids[None]), config).tokens[0]]
-
-    return run
-
-
 def _ids(n: int, seed: int = 1) -> np.ndarray:
     return (np.arange(n, dtype=np.int64) * 7919 + seed * 13) % 49000 + 100
 
 
-def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, reference):
+def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=16, **NPU)
     pyramid = LLMPipeline(tiny_dir, "NPU", **settings)
     static = LLMPipeline(tiny_dir, "NPU", prefill_attention="static", **settings)
@@ -69,23 +37,25 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, reference):
     assert stats["host_bytes_copied"] == 0
     assert tokens == static.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
     assert static.kv_stats()["prefill_pasts_used"] == [112] * 6
-    assert tokens == reference(ids, 12)
+    assert tokens == tiny_reference(ids, 12)
 
     # a continuation: its one chunk ends at slot 113, starting off the grid at 97
     longer = np.concatenate([ids, tokens, _ids(5, seed=2)])
     again = pyramid.generate(longer, max_new_tokens=6, ignore_eos=True)
     used = pyramid.kv_stats()["prefill_pasts_used"]
     assert pyramid.kv_stats()["reused_tokens"] > 0
-    assert used == [112] and again.tokens == reference(longer, 6)
+    assert used == [112] and again.tokens == tiny_reference(longer, 6)
 
 
-def test_generate_variants_switch_without_copying(tiny_dir, reference):
+def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
     pipe = LLMPipeline(tiny_dir, "NPU", **settings)
     assert pipe.kv_stats()["generate_variants"] == [1039, 1551]  # room for 1024 + 16, all
 
     short = _ids(40)
-    assert pipe.generate(short, max_new_tokens=8, ignore_eos=True).tokens == reference(short, 8)
+    assert pipe.generate(short, max_new_tokens=8, ignore_eos=True).tokens == tiny_reference(
+        short, 8
+    )
     assert pipe.kv_stats()["generate_past_used"] == 1039
 
     # 1020 prompt tokens end at slot 1024: steps write 1024.., crossing 1039 mid-answer
@@ -94,7 +64,7 @@ def test_generate_variants_switch_without_copying(tiny_dir, reference):
     stats = pipe.kv_stats()
     assert stats["generate_past_used"] == 1551
     assert stats["host_bytes_copied"] == 0 and stats["switch_host_bytes_copied"] == 0
-    assert result.tokens == reference(ids, 24)
+    assert result.tokens == tiny_reference(ids, 24)
     plain = LLMPipeline(tiny_dir, "NPU", generate_pyramid="NO", **settings)
     assert plain.kv_stats()["generate_variants"] == [1551]
     assert plain.generate(ids, max_new_tokens=24, ignore_eos=True).tokens == result.tokens

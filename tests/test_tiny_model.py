@@ -9,46 +9,14 @@ state names, RoPE, GQA and SDPA form, and rt_info).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import openvino as ov
-import openvino_genai
 import pytest
 
 from npuw_kv.config import EXACT_F32
-from npuw_kv.model.source import resolve_model
 from npuw_kv.pipeline import LLMPipeline
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from make_tiny_gguf import make_tiny_gguf  # noqa: E402
-from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
-
 C = 16
-
-
-@pytest.fixture(scope="module", params=["gguf", "optimum-intel"])
-def tiny_dir(request, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tiny")
-    if request.param == "optimum-intel":
-        # needs the `optimum` extra and optimum-intel (README's test command installs both)
-        return resolve_model(make_tiny_optimum_ir(root / "ir", std=0.2, seed=3))
-    gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
-    return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
-
-
-@pytest.fixture(scope="module")
-def tiny_reference(tiny_dir):
-    pipe = openvino_genai.LLMPipeline(str(tiny_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
-
-    def run(ids: np.ndarray, n: int) -> list[int]:
-        config = openvino_genai.GenerationConfig()
-        config.max_new_tokens = n
-        config.ignore_eos = True
-        return [int(t) for t in pipe.generate(ov.Tensor(ids[None]), config).tokens[0]]
-
-    return run
 
 
 # NPUW's default partitioning cannot create an infer request for this tiny graph even
