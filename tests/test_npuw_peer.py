@@ -57,6 +57,8 @@ def test_npu_path_runs_unfolded_when_npuw_cannot_fold(smol_optimum_dir):
     with pytest.warns(RuntimeWarning, match="NPUW could not fold this model"):
         pipe = LLMPipeline(smol_optimum_dir, "NPU", **settings)
     assert pipe.runner.requests.device_properties["NPUW_FOLD"] == "NO"
+    # each unfolded model holds the weights: no variants unless asked for
+    assert len(pipe.kv_stats()["prefill_variants"]) == 1
     assert len(pipe.generate([1, 9690, 198], max_new_tokens=3, ignore_eos=True).tokens) == 3
     with pytest.raises(CompileError, match="leave NPUW_FOLD unset"):
         LLMPipeline(smol_optimum_dir, "NPU", NPUW_FOLD="YES", **settings)

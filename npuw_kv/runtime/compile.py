@@ -12,7 +12,7 @@ import openvino as ov
 from ..config import PipelineConfig
 from ..errors import CompileError, ModelLayoutError
 from ..model.layout import KVLayout
-from ..model.split import split_model
+from ..model.split import SplitModel, split_model
 from ..model.variants import StaticShapes, shared_dynamic, static_ladder
 
 
@@ -132,7 +132,7 @@ def last_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def _split(model: ov.Model, layout: KVLayout, config: PipelineConfig) -> Any:
+def _split(model: ov.Model, layout: KVLayout, config: PipelineConfig) -> SplitModel | None:
     """The model cut into embed / body / head (see model/split.py), or None to run it whole:
     when every logit row is wanted, when ``shared_head`` is off, or when the cut does not fit
     the graph (said in a warning unless the head was asked to be shared)."""
@@ -189,12 +189,14 @@ def compile_requests(
             split.body if split is not None else model, layout, shapes
         )
 
-        def compile_all(p: dict[str, Any]) -> Requests:
+        def compile_all(p: dict[str, Any], pyramid: bool = True, variants: bool = True) -> Requests:
             def request(m: ov.Model) -> ov.InferRequest:
                 return core.compile_model(m, device, p).create_infer_request()
 
-            prefill = [Variant(past, request(m)) for past, m in prefill_models]
-            generate = [Variant(past, request(m)) for past, m in generate_models]
+            prefills = prefill_models if pyramid else prefill_models[-1:]
+            generates = generate_models if variants else generate_models[-1:]
+            prefill = [Variant(past, request(m)) for past, m in prefills]
+            generate = [Variant(past, request(m)) for past, m in generates]
             embed = head = None
             if split is not None:
                 # the gather runs on the host, as NPUW's own (NPUW_HOST_GATHER): exact f32 rows
@@ -228,13 +230,22 @@ def compile_requests(
                 ) from exc
             # e.g. optimum-intel's fp16 SmolLM2 export with NPUW_FUNCALL_FOR_ALL=NO: NPUW's
             # folding fails ("unordered_map::at"); run unfolded, at the cost of a second weight copy
+            # unfolded, every model holds the weights: the variants only where asked for
+            pyramid = config.prefill_attention == "pyramid"
+            variants = config.generate_pyramid is True
             warnings.warn(
                 f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
-                "the prefill and generate models hold separate copies of the weights",
+                "every static model holds its own copy of the weights"
+                + (
+                    ""
+                    if pyramid and variants
+                    else "; without the variants not asked for explicitly (prefill_attention="
+                    "'pyramid', generate_pyramid=YES): one prefill and one generate model"
+                ),
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return compile_all({**props, "NPUW_FOLD": "NO"})
+            return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 
