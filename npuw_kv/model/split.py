@@ -82,9 +82,8 @@ def _embedding_gather(model: ov.Model) -> ov.Node:
     raise ModelLayoutError("no embedding Gather fed by input_ids; cannot cut out the embedding")
 
 
-def _head_matmul(model: ov.Model, layout: KVLayout) -> tuple[ov.Node, int]:
-    """The LM head's MatMul above the logits output, and which of its inputs is the hidden
-    state (the other is a weight)."""
+def _head_matmul(model: ov.Model, layout: KVLayout) -> ov.Node:
+    """The LM head's MatMul above the logits output: input 0 the hidden state, 1 a weight."""
     node = model.outputs[layout.logits_output_index].get_node().input_value(0).get_node()
     memo: dict[str, bool] = {}
     while node.get_type_name() in ("Convert", "Reshape", "Squeeze", "Unsqueeze"):
@@ -96,7 +95,7 @@ def _head_matmul(model: ov.Model, layout: KVLayout) -> tuple[ov.Node, int]:
     weight = [_parameter_free(node.input_value(i), memo) for i in range(2)]
     if weight != [False, True]:
         raise ModelLayoutError("the LM head's MatMul does not multiply the hidden by a weight")
-    return node, 0
+    return node
 
 
 def split_model(model: ov.Model, layout: KVLayout) -> SplitModel:
@@ -105,12 +104,11 @@ def split_model(model: ov.Model, layout: KVLayout) -> SplitModel:
     embed_src = model.clone()
 
     # the head: a new input in place of the hidden state, up to the logits
-    matmul, index = _head_matmul(head_src, layout)
-    hidden_shape = matmul.input_value(index).get_partial_shape()
-    hidden_size = hidden_shape[-1].get_length()
-    hidden = ops.parameter([1, 1, hidden_size], matmul.input_value(index).get_element_type())
+    matmul = _head_matmul(head_src, layout)
+    hidden_size = matmul.input_value(0).get_partial_shape()[-1].get_length()
+    hidden = ops.parameter([1, 1, hidden_size], matmul.input_value(0).get_element_type())
     hidden.output(0).set_names({HIDDEN_OUTPUT})
-    matmul.input(index).replace_source_output(hidden.output(0))
+    matmul.input(0).replace_source_output(hidden.output(0))
     head = ov.Model([head_src.outputs[layout.logits_output_index].get_node()], [hidden], "head")
     head.validate_nodes_and_infer_types()  # static from the new input on
 
@@ -129,9 +127,8 @@ def split_model(model: ov.Model, layout: KVLayout) -> SplitModel:
     for target in list(gather.output(0).get_target_inputs()):
         target.replace_source_output(embeds.output(0))
     model.add_parameters([embeds])
-    matmul, index = _head_matmul(model, layout)
     model.outputs[layout.logits_output_index].get_node().input(0).replace_source_output(
-        matmul.input_value(index)
+        _head_matmul(model, layout).input_value(0)
     )
     model.outputs[layout.logits_output_index].get_tensor().set_names({HIDDEN_OUTPUT})
     ids = _input_ids(model)

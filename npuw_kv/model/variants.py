@@ -1,13 +1,13 @@
 """Turn a stateful LLM IR into the prefill / generate models the runtime compiles.
 
-``prepare`` applies the shape-independent rewrites once; ``static_pair`` clones the result into
+``prepare`` applies the shape-independent rewrites once; ``static_ladder`` clones the result into
 the two static shapes (what NPUW compiles), ``shared_dynamic`` leaves the sequence dims open
 so one compiled model (one copy of the weights) can run both shapes on a dynamic device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import openvino as ov
@@ -119,23 +119,17 @@ def prepare(
 def static_pair(
     model: ov.Model, layout: KVLayout, shapes: StaticShapes
 ) -> tuple[ov.Model, ov.Model]:
-    """Clone into the prefill ``[1, C]`` and generate ``[1, 1]`` static models."""
-    prefill, generate = model.clone(), model.clone()
-    try:
-        T.set_shapes(prefill, layout, shapes.chunk, shapes.max_prompt_len, shapes.prefill_past)
-        T.set_shapes(generate, layout, 1, shapes.total_len, shapes.generate_past)
-    except Exception as exc:
-        raise ModelLayoutError(f"static reshape failed: {exc}") from exc
-    prefill.set_friendly_name("npuw_kv_prefill")
-    generate.set_friendly_name("npuw_kv_generate")
-    return prefill, generate
+    """Clone into the prefill ``[1, C]`` and generate ``[1, 1]`` models of the whole past."""
+    whole = replace(shapes, pyramid=False, generate_variants=False)
+    (prefill,), (generate,) = static_ladder(model, layout, whole)
+    return prefill[1], generate[1]
 
 
 def static_ladder(
     model: ov.Model, layout: KVLayout, shapes: StaticShapes
 ) -> tuple[list[tuple[int, ov.Model]], list[tuple[int, ov.Model]]]:
     """Clone into every prefill ``[1, C]`` and generate ``[1, 1]`` model of ``shapes``:
-    ``(past, model)`` pairs, ascending by past (the last of each is :func:`static_pair`'s)."""
+    ``(past, model)`` pairs, ascending by past (the last of each reads the whole past)."""
     prefill, generate = [], []
     try:
         for past in shapes.prefill_pasts:

@@ -20,7 +20,7 @@ from ..model.layout import KVLayout
 from ..model.split import EMBEDS_INPUT
 from ..model.variants import StaticShapes
 from .binding import BoundPort, KVBinding
-from .compile import Requests
+from .compile import Requests, Variant
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
 from .runner import ChunkHook, Runner
@@ -123,28 +123,20 @@ class StaticRunner(Runner):
             )
 
         requests = self.requests
+
+        def bound(variants: list[Variant], new: int, grow: bool) -> list[_Bound]:
+            return [
+                _Bound(v.past, v.request, binding(v.request, v.past, new, grow)) for v in variants
+            ]
+
         # every variant reads a view [0, past) of the same buffers: switching copies nothing
-        self.prefill_variants = [
-            _Bound(v.past, v.request, binding(v.request, v.past, shapes.chunk, True))
-            for v in requests.prefill_ladder
-        ]
-        self.prefill_variants.append(
-            _Bound(
-                self.prefill_past,
-                requests.prefill,
-                binding(requests.prefill, self.prefill_past, shapes.chunk, True),
-            )
+        self.prefill_variants = bound(
+            [*requests.prefill_ladder, Variant(self.prefill_past, requests.prefill)],
+            shapes.chunk,
+            True,
         )
-        self.generate_variants = [
-            _Bound(v.past, v.request, binding(v.request, v.past, 1, False))
-            for v in requests.generate_ladder
-        ]
-        self.generate_variants.append(
-            _Bound(
-                shapes.generate_past,
-                requests.generate,
-                binding(requests.generate, shapes.generate_past, 1, False),
-            )
+        self.generate_variants = bound(
+            [*requests.generate_ladder, Variant(shapes.generate_past, requests.generate)], 1, False
         )
         self.prefill_binding = self.prefill_variants[-1].binding
         self.generate_binding = self.generate_variants[-1].binding
