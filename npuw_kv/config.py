@@ -289,8 +289,7 @@ class PipelineConfig:
         if self.optimize_v_tensors:
             raise ValueError(
                 f"{label('optimize_v_tensors')} YES: storing V transposed ([1, H, D, S]) is not "
-                "implemented; npuw-kv keeps V as [1, H, S, D], which NPUW-on-CPU reads as fast. "
-                "Leave it unset or set it NO"
+                "implemented; npuw-kv keeps V as [1, H, S, D]. Leave it unset or set it NO"
             )
         if self.use_static_models:
             return
