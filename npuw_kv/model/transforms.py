@@ -13,6 +13,7 @@ from openvino._offline_transformations import stateful_to_stateless_transformati
 
 from ..errors import ModelLayoutError
 from .layout import KVLayout
+from .split import EMBEDS_INPUT
 
 _REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
@@ -110,11 +111,11 @@ def set_shapes(
     if "input_ids" in names:
         shapes["input_ids"] = ov.PartialShape([1, dim(tokens)])
     embeds = next(
-        (p for p in model.get_parameters() if "inputs_embeds" in p.output(0).get_names()), None
+        (p for p in model.get_parameters() if EMBEDS_INPUT in p.output(0).get_names()), None
     )
     if embeds is not None:  # the embedding cut off (see split.py)
         hidden = embeds.get_output_partial_shape(0)[-1]
-        shapes["inputs_embeds"] = ov.PartialShape([1, dim(tokens), hidden])
+        shapes[EMBEDS_INPUT] = ov.PartialShape([1, dim(tokens), hidden])
     for p in layout.ports:
         shapes[p.input_name] = ov.PartialShape([1, p.num_heads, dim(past_len), p.head_dim])
     model.reshape(shapes)
