@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -21,53 +19,21 @@ import openvino as ov
 import openvino_genai
 
 from .config import PipelineConfig
+from .decode import GenerationResult, Streamer, generate_tokens
 from .errors import ModelLoadError
 from .model.source import resolve_model, trained_context
 from .model.variants import read_ir
 from .runtime.build import build_runner
-from .runtime.compile import (
-    last_line,
-)
+from .runtime.compile import last_line
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .runtime.runner import Runner
-from .sampling import GenerationConfig, Sampler
-from .stopping import StopStrings, TokenOutput
+from .sampling import GenerationConfig
 
 T = TypeVar("T")
-
-# a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
-# openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
-Streamer = Any
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    text: str
-    finish_reason: str  # "stop" (EOS / stop string / streamer), "length", "cancelled"
-    prompt_tokens: int
-    ttft_s: float = 0.0
-    decode_s: float = 0.0
-    first_logits: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def ms_per_token(self) -> float:
-        steps = max(len(self.tokens) - 1, 1)
-        return 1000.0 * self.decode_s / steps
-
-    def __str__(self) -> str:
-        return self.text
 
 
 def _ids(encoded: Any) -> np.ndarray:
     return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
-
-
-_STOPS = (
-    openvino_genai.StreamingStatus.STOP,
-    openvino_genai.StreamingStatus.TOOL_CALL_STOP,
-    True,
-)
 
 
 def _check_text(text: object) -> None:
@@ -251,7 +217,8 @@ class LLMPipeline:
                 ids = self.encode(inputs, chat=chat, template=config.apply_chat_template)
             else:
                 ids = self._token_ids(inputs)
-            result = self._generate_ids(ids, config, streamer)
+            limit = self.trained_context[0] if self.trained_context else None
+            result = generate_tokens(self.runner, self.tokenizer, ids, config, streamer, limit)
             if chat and self._history is not None and result.finish_reason != "cancelled":
                 self._history += [
                     {"role": "user", "content": str(inputs)},
@@ -286,52 +253,6 @@ class LLMPipeline:
                 f"token id {int(outside.flat[0])} is outside the vocabulary [0, {self.vocab_size})"
             )
         return array.astype(np.int64).reshape(-1)
-
-    def _generate_ids(
-        self, ids: np.ndarray, config: GenerationConfig, streamer: Streamer
-    ) -> GenerationResult:
-        sampler = Sampler(config, ids)
-        stops = StopStrings(self.tokenizer, config.stop_strings)
-        out = TokenOutput(self.tokenizer, streamer, stops)
-        eos = None if config.ignore_eos else config.eos_token_id
-        start = time.perf_counter()
-        logits = first_logits = self.runner.prefill(ids)
-        tokens: list[int] = []
-        finish = "length"
-        ttft = decode_start = time.perf_counter() - start
-        while len(tokens) < config.max_new_tokens:
-            token = sampler(logits)
-            if not tokens:
-                ttft = decode_start = time.perf_counter() - start
-            if token == eos:
-                finish = "stop"
-                break
-            tokens.append(token)
-            if stops.hit(tokens):
-                finish = "stop"
-                break
-            halted = out.push(tokens)
-            if halted:
-                finish = halted
-                break  # the streamer said stop: it gets nothing more
-            if len(tokens) >= config.max_new_tokens:
-                break
-            if self.runner.remaining_capacity <= 0 or self._at_trained_context(
-                ids.size + len(tokens)
-            ):
-                finish = "length"
-                break
-            logits = self.runner.step(token)
-        text, kept = stops.cut(tokens)
-        finish = out.close(tokens, kept, text, finish)
-        decode_s = time.perf_counter() - start - decode_start
-        return GenerationResult(
-            tokens[:kept], text, finish, int(ids.size), ttft, decode_s, first_logits
-        )
-
-    def _at_trained_context(self, positions: int) -> bool:
-        """True when ``positions`` tokens fill the model's trained context (no more steps)."""
-        return self.trained_context is not None and positions >= self.trained_context[0]
 
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
