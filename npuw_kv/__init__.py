@@ -16,14 +16,20 @@ __version__ = "0.1.0"
 __all__ = [
     "CapacityError",
     "CompileError",
+    "DecodedResults",
+    "EncodedResults",
     "GenerationConfig",
     "GenerationResult",
     "LLMPipeline",
+    "MeanStdPair",
     "ModelLayoutError",
     "ModelLoadError",
     "ModelSourceError",
+    "PerfMetrics",
     "PipelineConfig",
+    "TextResult",
 ]
+_RESULTS = ("DecodedResults", "EncodedResults", "MeanStdPair", "PerfMetrics", "TextResult")
 
 
 def __getattr__(name: str) -> Any:
@@ -32,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from . import pipeline
 
         return getattr(pipeline, name)
+    if name in _RESULTS:  # genai-shaped results (npuw_kv/results.py)
+        from . import results
+
+        return getattr(results, name)
     if name == "GenerationConfig":
         from .sampling import GenerationConfig
 

@@ -8,11 +8,13 @@ token ids and shapes the result; the runner owns the KV cache.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .logits_process import LogitsConstraint
 from .runtime.runner import Runner
 from .sampling import GenerationConfig, Sampler
 from .stopping import StopStrings, TokenOutput
@@ -25,12 +27,19 @@ Streamer = Any
 @dataclass
 class GenerationResult:
     tokens: list[int]
-    text: str
-    finish_reason: str  # "stop" (EOS / stop string / streamer), "length", "cancelled"
+    text: str  # with ``echo``, the prompt's text first
+    # "stop" (stop token / string / constraint / streamer), "length", "cancelled"
+    finish_reason: str
     prompt_tokens: int
     ttft_s: float = 0.0
     decode_s: float = 0.0
     first_logits: np.ndarray | None = field(default=None, repr=False)
+    # per token: its log-probability as genai scores it (see npuw_kv.sampling)
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    # per token, with ``logprobs`` > 0: the most likely (token, log-prob) pairs, best first
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
+    # genai's ``scores[i]``: the sum of ``logprobs`` and of the stop token's, which genai counts
+    score: float = 0.0
 
     @property
     def ms_per_token(self) -> float:
@@ -48,29 +57,49 @@ def generate_tokens(
     config: GenerationConfig,
     streamer: Streamer,
     position_limit: int | None = None,
+    constraint: LogitsConstraint | None = None,
+    rng: np.random.Generator | None = None,
 ) -> GenerationResult:
-    """Run ``ids`` through ``runner`` and generate up to ``config.max_new_tokens`` tokens.
+    """Run ``ids`` through ``runner`` and generate one sequence, whatever
+    ``num_return_sequences`` says (:func:`generate_sequences` runs that many).
 
     ``position_limit``: the model's trained context; generation stops (``"length"``) when the
-    prompt and the answer fill it, as it does when the KV cache is full.
+    prompt and the answer fill it, as it does when the KV cache is full.  ``constraint``
+    restricts each next token (structured output) and ends generation when it is done.
+    ``rng``: shared by :func:`generate_sequences` across its samples.
     """
-    sampler = Sampler(config, ids)
-    stops = StopStrings(tokenizer, config.stop_strings)
-    out = TokenOutput(tokenizer, streamer, stops)
-    eos = None if config.ignore_eos else config.eos_token_id
+    if config.structured_output_config is not None and constraint is None:
+        raise ValueError(
+            "structured_output_config is set but no constraint was built from it "
+            "(npuw_kv.structured builds one for generate_tokens' constraint argument)"
+        )
+    budget = config.new_token_budget(int(ids.size))
+    sampler = Sampler(config, ids, rng)
+    stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
+    prompt = [int(t) for t in ids.reshape(-1)] if config.echo else []
+    out = TokenOutput(tokenizer, streamer, stops, echo=prompt)
+    stop_ids = set() if config.ignore_eos else config.stop_ids()
     start = time.perf_counter()
     logits = first_logits = runner.prefill(ids)
     tokens: list[int] = []
+    logprobs: list[float] = []
+    top: list[list[tuple[int, float]]] = []
+    stop_logprob = 0.0
     finish = "length"
     ttft = decode_start = time.perf_counter() - start
-    while len(tokens) < config.max_new_tokens:
-        token = sampler(logits)
+    while budget is None or len(tokens) < budget:
+        choice = sampler.sample(logits, constraint)
+        token = choice.token
         if not tokens:
             ttft = decode_start = time.perf_counter() - start
-        if token == eos:
-            finish = "stop"
+        if token in stop_ids:
+            finish, stop_logprob = "stop", choice.logprob
             break
         tokens.append(token)
+        logprobs.append(choice.logprob)
+        top.append(choice.top)
+        if constraint is not None:
+            constraint.accept(token)
         if stops.hit(tokens):
             finish = "stop"
             break
@@ -78,7 +107,10 @@ def generate_tokens(
         if halted:
             finish = halted
             break  # the streamer said stop: it gets nothing more
-        if len(tokens) >= config.max_new_tokens:
+        if constraint is not None and constraint.done():
+            finish = "stop"
+            break
+        if budget is not None and len(tokens) >= budget:
             break
         at_limit = position_limit is not None and ids.size + len(tokens) >= position_limit
         if runner.remaining_capacity <= 0 or at_limit:
@@ -86,8 +118,53 @@ def generate_tokens(
             break
         logits = runner.step(token)
     text, kept = stops.cut(tokens)
+    if prompt:  # genai decodes prompt and answer as one sequence
+        answer = tokenizer.decode(tokens[:kept]) if kept else ""
+        text = tokenizer.decode(prompt + tokens[:kept]) + text[len(answer) :]
     finish = out.close(tokens, kept, text, finish)
     decode_s = time.perf_counter() - start - decode_start
+    score = float(sum(logprobs[:kept])) + stop_logprob
     return GenerationResult(
-        tokens[:kept], text, finish, int(ids.size), ttft, decode_s, first_logits
+        tokens[:kept],
+        text,
+        finish,
+        int(ids.size),
+        ttft,
+        decode_s,
+        first_logits,
+        logprobs[:kept],
+        top[:kept] if config.logprobs else [],
+        score,
     )
+
+
+def generate_sequences(
+    runner: Runner,
+    tokenizer: Any,
+    ids: np.ndarray,
+    config: GenerationConfig,
+    streamer: Streamer = None,
+    position_limit: int | None = None,
+    make_constraint: Callable[[], LogitsConstraint | None] | None = None,
+) -> list[GenerationResult]:
+    """``config.num_return_sequences`` sequences, sampled one after another from one random
+    generator (genai forks them after the prompt; here each prefills again, which the runner
+    serves from the prompt's cached KV where it can).  One streamer cannot take several
+    sequences (genai refuses it too)."""
+    n = config.num_return_sequences
+    if n > 1 and streamer is not None:
+        raise ValueError(f"a streamer takes one sequence, not num_return_sequences={n}")
+    rng = np.random.default_rng(config.rng_seed)
+    return [
+        generate_tokens(
+            runner,
+            tokenizer,
+            ids,
+            config,
+            streamer,
+            position_limit,
+            make_constraint() if make_constraint is not None else None,
+            rng,
+        )
+        for _ in range(n)
+    ]

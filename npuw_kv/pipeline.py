@@ -1,28 +1,39 @@
 """``LLMPipeline``: text in, text out, shaped like ``openvino_genai.LLMPipeline``.
 
 Tokenizing, detokenizing, streaming text and chat templates come from openvino-genai's
-``Tokenizer`` / ``TextStreamer``; this module adds the generation loop over a runner
-(:class:`~npuw_kv.runtime.paged_runner.PagedRunner` or
-:class:`~npuw_kv.runtime.static_runner.StaticRunner`) and the stopping rules.
+``Tokenizer`` / ``TextStreamer``; :mod:`~npuw_kv.decode` runs the generation loop over a runner
+(paged or static-shape); genai's input forms are read by :mod:`~npuw_kv.inputs` and the results
+shaped as genai's by :mod:`~npuw_kv.results` (docs/genai-compat.md).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import openvino as ov
 import openvino_genai
 
 from .config import PipelineConfig
-from .decode import GenerationResult, Streamer, generate_tokens
+from .decode import GenerationResult, Streamer, generate_sequences
 from .errors import ModelLoadError
-from .model.source import resolve_model, trained_context
+from .inputs import (
+    Prompt,
+    check_request,
+    model_directory,
+    pipeline_args,
+    read_inputs,
+    scheduler_settings,
+)
+from .model.source import trained_context
 from .model.variants import read_ir
+from .results import CallTimer, DecodedResults, EncodedResults, TextResult
 from .runtime.build import build_runner
 from .runtime.compile import last_line
 from .runtime.heap import fix_mmap_threshold, release_free_heap
@@ -58,6 +69,10 @@ def _tokenize(run: Callable[[], T]) -> T:
         raise ValueError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
 
 
+def _span(timer: CallTimer | None, key: str) -> AbstractContextManager[None]:
+    return timer.span(key) if timer else nullcontext()
+
+
 class LLMPipeline:
     """LLM pipeline on one KV cache that prefill and generate share in place.
 
@@ -66,39 +81,59 @@ class LLMPipeline:
     over one buffer per layer through ROI views.
 
     ``model``: an IR directory, a ``.gguf`` file, or None / "smollm2" for the shipped default.
-    ``config``: :class:`~npuw_kv.config.PipelineConfig` fields or their NPUW names.
+    ``config``: :class:`~npuw_kv.config.PipelineConfig` fields or their NPUW names.  genai's
+    forms work too: ``(models_path, device, properties)``, ``(models_path, tokenizer, device,
+    ...)``, ``(model_xml, weights, tokenizer, device, generation_config, ...)`` and
+    ``scheduler_config=`` on the paged path (:mod:`npuw_kv.inputs`).
     """
 
     def __init__(
-        self, model: str | os.PathLike[str] | None = None, device: str = "CPU", **config: Any
+        self, model: str | os.PathLike[str] | None = None, *args: Any, **config: Any
     ) -> None:
-        self.config = PipelineConfig.from_kwargs(device, **config)
-        self._settings = dict(config)  # as given, for messages
+        started = time.perf_counter()
+        given = pipeline_args(model, args, config)
+        settings = given.settings
+        if given.scheduler_config is not None:
+            settings = scheduler_settings(given.scheduler_config, given.device, settings)
+        self.config = PipelineConfig.from_kwargs(given.device, **settings)
+        self._settings = dict(settings)  # as given, for messages
         # one call at a time: the runner, its KV cache and the chat history are one state
         self._lock = threading.Lock()
         self._owner: int | None = None
         fix_mmap_threshold()  # before compiling: see runtime/heap.py for what it keeps flat
-        self.model_dir = resolve_model(model, zero_points=self.config.gguf_zero_points)
-        # (positions, where it was read); generation never goes past it
-        self.trained_context = trained_context(self.model_dir)
-        kv_capacity = self.config.kv_capacity(self.trained_context)
-        self.core = ov.Core()
-        ir = read_ir(self.core, self.model_dir)
-        try:  # before compiling: a broken tokenizer should not cost a compile first
-            self.tokenizer = openvino_genai.Tokenizer(str(self.model_dir))
-        except RuntimeError as exc:
-            raise ModelLoadError(
-                f"cannot load the tokenizer IRs in {self.model_dir} ({last_line(exc)})"
-            ) from exc
-        built = build_runner(self.core, self.model_dir, ir, self.config, kv_capacity, config)
-        del ir  # the device holds its own copy of the graph now
+        with model_directory(given, self.config.gguf_zero_points) as model_dir:
+            # None for a model given in memory (its temporary directory is gone after this)
+            self.model_dir: Path | None = None if given.weights is not None else model_dir
+            # (positions, where it was read); generation never goes past it
+            self.trained_context = trained_context(model_dir)
+            kv_capacity = self.config.kv_capacity(self.trained_context)
+            self.core = ov.Core()
+            ir = read_ir(self.core, model_dir)
+            # before compiling: a broken tokenizer should not cost a compile first
+            self.tokenizer = (
+                self._load_tokenizer(model_dir) if given.tokenizer is None else given.tokenizer
+            )
+            built = build_runner(self.core, model_dir, ir, self.config, kv_capacity, settings)
+            del ir  # the device holds its own copy of the graph now
         self.runner: Runner = built.runner
         self.config, self.vocab_size, self.layout = built.config, built.vocab_size, built.layout
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
+        if given.generation_config is not None:
+            self.set_generation_config(given.generation_config)
         self._history: list[dict[str, str]] | None = None
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
+        self.load_time = 1000.0 * (time.perf_counter() - started)  # ms, as genai's
+
+    @staticmethod
+    def _load_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer:
+        try:
+            return openvino_genai.Tokenizer(str(model_dir))
+        except RuntimeError as exc:
+            raise ModelLoadError(
+                f"cannot load the tokenizer IRs in {model_dir} ({last_line(exc)})"
+            ) from exc
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -179,80 +214,146 @@ class LLMPipeline:
     def encode(self, prompt: str, chat: bool = False, template: bool = True) -> np.ndarray:
         """Token ids of ``prompt``: as a user turn through the chat template (with the chat
         history when ``chat``), or as raw text when ``template`` is off or there is none."""
+        return self._encode(prompt, chat, template, None)
+
+    def _encode(
+        self, prompt: str, chat: bool, template: bool, timer: CallTimer | None
+    ) -> np.ndarray:
         if chat or (template and self.tokenizer.chat_template):
             earlier = list(self._history or []) if chat else []
-            return self._template_ids([*earlier, {"role": "user", "content": prompt}])
+            return self._template_ids([*earlier, {"role": "user", "content": prompt}], timer=timer)
         _check_text(prompt)
-        return _tokenize(lambda: _ids(self.tokenizer.encode(prompt)))
+        with _span(timer, "tokenization_durations"):
+            return _tokenize(lambda: _ids(self.tokenizer.encode(prompt)))
 
-    def _template_ids(self, messages: list[dict[str, str]]) -> np.ndarray:
+    def _template_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None = None,
+        extra_context: dict[str, Any] | None = None,
+        timer: CallTimer | None = None,
+    ) -> np.ndarray:
         for message in messages:
-            _check_text(message["content"])
+            _check_text(message.get("content", ""))
 
         def run() -> np.ndarray:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-            return _ids(self.tokenizer.encode(text, add_special_tokens=False))
+            with _span(timer, "chat_template_durations"):
+                text = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tools=tools, extra_context=extra_context
+                )
+            with _span(timer, "tokenization_durations"):
+                return _ids(self.tokenizer.encode(text, add_special_tokens=False))
 
         return _tokenize(run)
 
+    # for type checkers; ov.Tensor / TokenizedInputs (EncodedResults) and ChatHistory
+    # (DecodedResults) are untyped, so they reach the implementation's signature
+    @overload
+    def generate(
+        self, inputs: str, generation_config: Any = None, streamer: Streamer = None, **kw: Any
+    ) -> TextResult: ...
+    @overload
     def generate(
         self,
-        inputs: str | Sequence[int] | np.ndarray | ov.Tensor,
-        generation_config: GenerationConfig | None = None,
+        inputs: Sequence[int] | np.ndarray,
+        generation_config: Any = None,
+        streamer: Streamer = None,
+        **kw: Any,
+    ) -> GenerationResult: ...
+    @overload
+    def generate(
+        self,
+        inputs: Sequence[str | Mapping[str, Any]],
+        generation_config: Any = None,
+        streamer: Streamer = None,
+        **kw: Any,
+    ) -> DecodedResults: ...
+    def generate(
+        self,
+        inputs: Any,
+        generation_config: Any = None,
         streamer: Streamer | None = None,
         **kwargs: Any,
-    ) -> GenerationResult:
-        """Generate a continuation of ``inputs`` (text, or token ids).
+    ) -> TextResult | DecodedResults | EncodedResults | GenerationResult:
+        """Generate a continuation of ``inputs``, returning what openvino-genai returns.
+
+        A text prompt gives a :class:`~npuw_kv.results.TextResult` (a ``str``; with
+        ``num_return_sequences`` > 1 a ``DecodedResults``); a list of prompts, a
+        ``ChatHistory`` or a list of messages ``DecodedResults``; an ``ov.Tensor`` or
+        ``TokenizedInputs`` (a batch: one prompt per row, padding dropped by the attention
+        mask) ``EncodedResults``; token ids as a list or array our ``GenerationResult``.
+        Prompts of a batch run one after another.  ``generation_config`` is ours, genai's or a
+        dict; keyword arguments (genai's names) override it.
 
         In chat mode (after :meth:`start_chat`) a text input is a user turn: the history goes
         through the model's chat template and the answer is appended to the history (unless the
-        streamer cancelled the turn, as in openvino-genai).
+        streamer cancelled the turn, as in openvino-genai).  A ``ChatHistory`` is used as it is
+        and, as in genai, not changed.
         """
         with self._exclusive():
-            config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
-            if config.eos_token_id is None or config.eos_token_id < 0:  # genai's unset is -1
-                config.eos_token_id = self.tokenizer.get_eos_token_id()
-            chat = self._history is not None and isinstance(inputs, str)
-            if isinstance(inputs, str):
-                ids = self.encode(inputs, chat=chat, template=config.apply_chat_template)
-            else:
-                ids = self._token_ids(inputs)
+            timer = CallTimer(self.load_time)
+            config = self._call_config(generation_config, kwargs)
+            request = read_inputs(inputs, self.vocab_size)
+            check_request(request, config, streamer, self._history is not None)
+            chat = self._history is not None and request.kind in ("text", "texts")
+            detokenizer = None if request.kind in ("ids", "encoded") else self.tokenizer
             limit = self.trained_context[0] if self.trained_context else None
-            result = generate_tokens(self.runner, self.tokenizer, ids, config, streamer, limit)
-            if chat and self._history is not None and result.finish_reason != "cancelled":
-                self._history += [
-                    {"role": "user", "content": str(inputs)},
-                    {"role": "assistant", "content": result.text},
-                ]
-            return result
-
-    def _token_ids(self, inputs: Any) -> np.ndarray:
-        """One prompt's token ids from a list, array, ``ov.Tensor`` or genai TokenizedInputs."""
-        if hasattr(inputs, "input_ids"):  # openvino_genai.TokenizedInputs
-            inputs = inputs.input_ids
-        array = np.asarray(inputs.data if isinstance(inputs, ov.Tensor) else inputs)
-        if array.ndim == 0:
-            raise ValueError(f"expected text or a sequence of token ids, got {inputs!r}")
-        if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
-            raise ValueError(
-                f"token ids of shape {list(array.shape)}: one prompt at a time (batch size 1)"
-            )
-        if array.dtype == object and all(isinstance(i, int) for i in array.flat):
-            bad = [i for i in array.flat if not 0 <= i < self.vocab_size]  # beyond 64 bits
-            if bad:
-                raise ValueError(
-                    f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            results: list[GenerationResult] = []
+            for prompt in request.prompts:
+                started = timer.now()
+                ids = self._prompt_ids(prompt, config, chat, timer)
+                timer.inputs += int(ids.size)
+                runner = timer.runner(self.runner)
+                answers = generate_sequences(
+                    runner, self.tokenizer, ids, config, streamer, limit, self._constraint(config)
                 )
-            array = array.astype(np.int64)
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(f"token ids must be integers, got {array.dtype} values")
-        # checked before the cast, which would wrap ids of 2**63 and above
-        outside = array[(array < 0) | (array >= self.vocab_size)]
-        if outside.size:
-            raise ValueError(
-                f"token id {int(outside.flat[0])} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        return array.astype(np.int64).reshape(-1)
+                timer.prompt_done(runner, started, answers, detokenizer)
+                results += answers
+            if chat and self._history is not None and results[0].finish_reason != "cancelled":
+                self._history += [
+                    {"role": "user", "content": str(request.prompts[0].text)},
+                    {"role": "assistant", "content": results[0].text},
+                ]
+            metrics = timer.metrics()
+            if request.kind == "ids":
+                return results[0]
+            if request.kind == "encoded":
+                return EncodedResults(results, metrics)
+            if request.kind == "text" and len(results) == 1:
+                return TextResult.of(results[0], metrics)
+            return DecodedResults(results, metrics)
+
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """``pipe(inputs, ...)`` is ``pipe.generate(inputs, ...)``, as in openvino-genai."""
+        return self.generate(inputs, *args, **kwargs)
+
+    def _call_config(self, generation_config: Any, kwargs: dict[str, Any]) -> GenerationConfig:
+        if isinstance(generation_config, Mapping):  # genai takes a dict of settings too
+            kwargs, generation_config = {**generation_config, **kwargs}, None
+        config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
+        if config.eos_token_id is None or config.eos_token_id < 0:  # genai's unset is -1
+            config.eos_token_id = self.tokenizer.get_eos_token_id()
+        return config
+
+    def _constraint(self, config: GenerationConfig) -> Callable[[], Any] | None:
+        """Structured output: a fresh grammar constraint per sequence (npuw_kv.structured)."""
+        if config.structured_output_config is None:
+            return None
+        from .structured import constraint_for
+
+        return lambda: constraint_for(
+            config.structured_output_config, self.tokenizer, self.vocab_size, config.stop_ids()
+        )
+
+    def _prompt_ids(
+        self, prompt: Prompt, config: GenerationConfig, chat: bool, timer: CallTimer
+    ) -> np.ndarray:
+        if prompt.ids is not None:
+            return prompt.ids
+        if prompt.messages is not None:
+            return self._template_ids(prompt.messages, prompt.tools, prompt.extra_context, timer)
+        assert prompt.text is not None
+        return self._encode(prompt.text, chat, config.apply_chat_template, timer)
 
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:

@@ -1,115 +1,78 @@
-"""Next-token selection from one logits row: greedy, or temperature / top-k / top-p sampling."""
+"""Next-token selection from one logits row: greedy, or top-k / temperature / min-p / top-p
+sampling, after :mod:`~npuw_kv.logits_process`'s penalties and masks.
+
+Each choice carries its log-probability as openvino-genai scores it: with ``logprobs`` > 0 the
+raw model distribution's (before penalties and filters), else the sampled distribution's, and
+0 for greedy decoding (genai computes none there).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .generation_config import GenerationConfig
+from .logits_process import LogitsConstraint, LogitsProcessor, log_softmax
+
+__all__ = ["Choice", "GenerationConfig", "Sampler"]
+
 
 @dataclass
-class GenerationConfig:
-    """Per-call generation settings, named as in ``openvino_genai.GenerationConfig``."""
-
-    max_new_tokens: int = 128
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    rng_seed: int | None = None
-    stop_strings: set[str] = field(default_factory=set)
-    ignore_eos: bool = False
-    eos_token_id: int | None = None
-    apply_chat_template: bool = True  # text prompts go through the chat template (as genai)
-    repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
-
-    def __post_init__(self) -> None:
-        for name in ("do_sample", "ignore_eos", "apply_chat_template"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        for name in ("max_new_tokens", "top_k"):
-            self._check_int(name)
-        for name in ("rng_seed", "eos_token_id"):
-            if getattr(self, name) is not None:
-                self._check_int(name)
-        for name in ("temperature", "top_p", "repetition_penalty"):
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(
-                value, (int, float, np.number)
-            ):
-                raise ValueError(f"{name} must be a number, got {value!r}")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        stops = {self.stop_strings} if isinstance(self.stop_strings, str) else self.stop_strings
-        try:
-            stops = set(stops)
-        except TypeError:
-            raise ValueError(f"stop_strings must be a set of strings, got {stops!r}") from None
-        if not all(isinstance(stop, str) and stop for stop in stops):
-            raise ValueError(
-                f"stop_strings must be non-empty strings, got {sorted(map(repr, stops))}"
-            )
-        self.stop_strings = stops
-
-    def _check_int(self, name: str) -> None:
-        value = getattr(self, name)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-        setattr(self, name, int(value))
-
-    @classmethod
-    def build(cls, base: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
-        """``base`` updated with ``kwargs``; unknown names are errors."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown generation setting(s) {unknown}; known: {sorted(known)}")
-        values = {f.name: getattr(base, f.name) for f in fields(cls)} if base else {}
-        values.update(kwargs)
-        return cls(**values)
+class Choice:
+    token: int
+    logprob: float
+    # (token, raw log-prob) of the ``config.logprobs`` most likely tokens, best first
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 class Sampler:
-    """Chooses tokens; holds the random generator so a seed makes a run repeatable."""
+    """Chooses the tokens of one sequence; ``rng`` may be shared so that sequences sampled one
+    after another differ while a seed still makes the whole run repeatable."""
 
-    def __init__(self, config: GenerationConfig, prompt: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        config: GenerationConfig,
+        prompt: np.ndarray | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> None:
         self.config = config
-        self.rng = np.random.default_rng(config.rng_seed)
-        self.seen: set[int] = set() if prompt is None else {int(t) for t in prompt}
-
-    def _penalize(self, logits: np.ndarray) -> np.ndarray:
-        """CTRL-style penalty (as in transformers / genai): positive logits of tokens seen so
-        far are divided by the penalty, negative ones multiplied."""
-        idx = np.fromiter(self.seen, np.int64, len(self.seen))
-        idx = idx[(idx >= 0) & (idx < logits.size)]
-        out = logits.astype(np.float32, copy=True)
-        seen = out[idx]
-        out[idx] = np.where(
-            seen > 0, seen / self.config.repetition_penalty, seen * self.config.repetition_penalty
-        )
-        return out
+        self.rng = rng if rng is not None else np.random.default_rng(config.rng_seed)
+        self.process = LogitsProcessor(config, prompt)
 
     def __call__(self, logits: np.ndarray) -> int:
-        cfg = self.config
-        if cfg.repetition_penalty != 1.0 and self.seen:
-            logits = self._penalize(logits)
-        token = self._choose(logits)
-        self.seen.add(token)
-        return token
+        return self.sample(logits).token
 
-    def _choose(self, logits: np.ndarray) -> int:
+    def sample(self, logits: np.ndarray, constraint: LogitsConstraint | None = None) -> Choice:
+        """Choose the next token and remember it (penalties count it from now on)."""
         cfg = self.config
-        if not cfg.do_sample:
-            return int(np.argmax(logits))
+        scores = self.process(logits, constraint)
+        if not (scores > -np.inf).any():
+            raise RuntimeError(
+                "no token is allowed next: the stop-token mask (min_new_tokens), "
+                "no_repeat_ngram_size or the structured-output constraint excluded them all"
+            )
+        raw = log_softmax(logits) if cfg.logprobs else None
+        if cfg.do_sample:
+            probs = self._distribution(scores)
+            token = int(self.rng.choice(probs.size, p=probs))
+            logprob = float(np.log(probs[token]))
+        else:
+            token, logprob = int(np.argmax(scores)), 0.0
+        top: list[tuple[int, float]] = []
+        if raw is not None:
+            logprob = float(raw[token])
+            n = min(cfg.logprobs, raw.size)
+            best = np.argpartition(-raw, n - 1)[:n]
+            best = best[np.argsort(-raw[best], kind="stable")]
+            top = [(int(t), float(raw[t])) for t in best]
+        self.process.accept(token)
+        return Choice(token, logprob, top)
+
+    def _distribution(self, logits: np.ndarray) -> np.ndarray:
+        """Sampling probabilities, in genai's order: top-k, temperature, min-p, top-p (top-p
+        counts the mass min-p left, not renormalized, as genai does)."""
+        cfg = self.config
         scores = logits.astype(np.float64) / cfg.temperature
         if cfg.top_k and cfg.top_k < scores.size:
             # exactly k tokens; among equal scores the lowest id wins, as in argmax, so top_k=1
@@ -122,11 +85,13 @@ class Sampler:
             scores = kept
         probs = np.exp(scores - scores.max())
         probs /= probs.sum()
+        if cfg.min_p > 0:
+            probs = np.where(probs >= cfg.min_p * probs.max(), probs, 0.0)
         if cfg.top_p < 1.0:
-            order = np.argsort(-probs)
+            order = np.argsort(-probs, kind="stable")
             cumulative = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cumulative, cfg.top_p)) + 1]
+            keep = order[: int(np.searchsorted(cumulative, cfg.top_p, side="right")) + 1]
             mask = np.zeros_like(probs)
             mask[keep] = probs[keep]
-            probs = mask / mask.sum()
-        return int(self.rng.choice(probs.size, p=probs))
+            probs = mask
+        return probs / probs.sum()

@@ -8,7 +8,8 @@ A stop string of ``b`` UTF-8 bytes overlaps at most ``b`` tokens (each token ove
 contributes at least one of its bytes).  So decoding the newest ``b + 2`` tokens after each
 step sees it complete (one extra token for a decoder that drops a leading space), and holding
 the newest ``b`` tokens back from the streamer keeps it out of the streamed text, as
-openvino-genai does by default (``include_stop_str_in_output`` off).
+openvino-genai does by default (``include_stop_str_in_output`` off; on, the text ends with the
+stop string's last token, as genai's).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import openvino_genai
 
 
 class StopStrings:
-    def __init__(self, tokenizer: Any, stops: Iterable[str]) -> None:
+    def __init__(self, tokenizer: Any, stops: Iterable[str], include: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stops = tuple(stops)
+        self.include = include  # the output keeps the stop string (and its last token)
         # tokens the streamer lags behind generation (0 without stop strings)
         self.hold = max((len(stop.encode("utf-8")) for stop in self.stops), default=0)
 
@@ -34,15 +36,22 @@ class StopStrings:
         return any(stop in tail for stop in self.stops)
 
     def cut(self, tokens: list[int]) -> tuple[str, int]:
-        """The text before the first stop string, and how many tokens lie wholly before it."""
+        """The text before the first stop string, and how many tokens lie wholly before it;
+        with ``include``, the text of the tokens up to the one completing the stop string."""
         text = self.tokenizer.decode(tokens) if tokens else ""
-        found = [at for at in (text.find(stop) for stop in self.stops) if at >= 0]
+        found = [(at, stop) for stop in self.stops if (at := text.find(stop)) >= 0]
         if not found:
             return text, len(tokens)
-        end, kept = min(found), len(tokens)
-        while kept and len(self.tokenizer.decode(tokens[:kept])) > end:
+        at, stop = min(found)
+        if self.include:
+            end, kept = at + len(stop), 1  # the stop string is not empty
+            while kept < len(tokens) and len(self.tokenizer.decode(tokens[:kept])) < end:
+                kept += 1
+            return self.tokenizer.decode(tokens[:kept]), kept
+        kept = len(tokens)
+        while kept and len(self.tokenizer.decode(tokens[:kept])) > at:
             kept -= 1
-        return text[:end], kept
+        return text[:at], kept
 
 
 class TextSink:
@@ -87,11 +96,14 @@ class TokenOutput:
     ``streamer``: None, a callable taking text (wrapped in genai's ``TextStreamer``) or a
     token-level ``openvino_genai.StreamerBase``; either may return None, a bool or a
     ``StreamingStatus``.  ``halted`` becomes "stop" or "cancelled" when the streamer says so;
-    it then gets nothing more.
+    it then gets nothing more.  ``echo``: prompt tokens streamed first (genai's ``echo``).
     """
 
-    def __init__(self, tokenizer: Any, streamer: Any, stops: StopStrings) -> None:
+    def __init__(
+        self, tokenizer: Any, streamer: Any, stops: StopStrings, echo: Iterable[int] = ()
+    ) -> None:
         self.stops = stops
+        self.echo = [int(t) for t in echo]
         self.sink: TextSink | None = None
         if streamer is None or isinstance(streamer, openvino_genai.StreamerBase):
             self.streamer = streamer
@@ -112,6 +124,8 @@ class TokenOutput:
         return self._stream(tokens, len(tokens) - self.stops.hold)
 
     def _stream(self, tokens: list[int], upto: int) -> str | None:
+        if self.echo:
+            tokens, upto = self.echo + tokens, upto + len(self.echo)
         while self.streamer is not None and self.halted is None and self.streamed < upto:
             status = self.streamer.write(tokens[self.streamed])
             self.streamed += 1

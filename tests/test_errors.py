@@ -84,7 +84,8 @@ def test_token_ids_are_checked(pipe, text_ids):
         with pytest.raises(ValueError, match=message):
             pipe.generate(ids, max_new_tokens=2)
     tokenized = pipe.get_tokenizer().encode("Hello there")  # genai's TokenizedInputs
-    assert pipe.generate(tokenized, max_new_tokens=2, ignore_eos=True).prompt_tokens > 1
+    result = pipe.generate(tokenized, max_new_tokens=2, ignore_eos=True)  # EncodedResults
+    assert result.perf_metrics.get_num_input_tokens() > 1 and len(result.tokens[0]) == 2
     assert pipe.generate(text_ids(10), max_new_tokens=3, ignore_eos=True).tokens == expected
 
 

@@ -1,0 +1,283 @@
+"""openvino-genai's inputs, outputs and constructor forms (issue #16), on SmolLM2.
+
+What genai 2026.4 does, checked by running it: a str prompt gives a plain ``str``; a list of
+prompts or a ``ChatHistory`` gives ``DecodedResults`` (the history object is not changed);
+token ids as ``ov.Tensor`` / ``TokenizedInputs`` give ``EncodedResults``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import pickle
+import sys
+import tempfile
+from dataclasses import fields
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+import pytest
+from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
+
+from npuw_kv import LLMPipeline
+from npuw_kv.config import EXACT_F32
+from npuw_kv.decode import GenerationResult
+from npuw_kv.results import DecodedResults, EncodedResults, PerfMetrics, TextResult
+
+QUESTION = "What is the capital of France?"
+NEW = 6
+# make_pipe's settings, so a pipeline built another way must give the same greedy tokens
+SAME = {
+    "prefill_chunk_size": CHUNK,
+    "max_prompt_len": MAX_PROMPT,
+    "min_response_len": MIN_RESPONSE,
+    **EXACT_F32,
+}
+
+
+@pytest.fixture(scope="module")
+def pipe(smol_dir):
+    return make_pipe(smol_dir, "CPU")
+
+
+@pytest.fixture(scope="module")
+def expected(pipe):
+    """The module pipeline's greedy answer to QUESTION."""
+    return pipe.generate(QUESTION, max_new_tokens=NEW)
+
+
+def test_a_text_prompt_gives_a_str_carrying_our_fields(pipe, expected):
+    assert isinstance(expected, str) and isinstance(expected, TextResult)
+    assert expected == expected.text and str(expected) == expected.text
+    assert type(str(expected)) is str and expected.find(expected[:3]) == 0
+    assert json.loads(json.dumps({"answer": expected}))["answer"] == expected
+    assert 0 < len(expected.tokens) <= NEW and expected.finish_reason in ("stop", "length")
+    assert expected.prompt_tokens > 5 and expected.ttft_s > 0 and expected.first_logits is not None
+    assert all(hasattr(expected, f.name) for f in fields(GenerationResult))  # all of ours
+    copy = pickle.loads(pickle.dumps(expected))
+    assert copy == expected and copy.tokens == expected.tokens
+    assert pipe(QUESTION, max_new_tokens=NEW) == expected  # __call__ is generate
+
+
+def test_chat_history_is_templated_and_left_unchanged(pipe):
+    history = openvino_genai.ChatHistory([{"role": "system", "content": "You are terse."}])
+    history.append({"role": "user", "content": "Name a colour."})
+    first = pipe.generate(history, max_new_tokens=NEW)
+    assert isinstance(first, DecodedResults) and len(first.texts) == 1
+    assert str(first) == first.texts[0] and len(history) == 2  # genai does not append
+    assert isinstance(first.finish_reasons[0], openvino_genai.GenerationFinishReason)
+    assert first.scores == [0.0] and first.parsed == [] and first.extended_perf_metrics is None
+    # the caller keeps the history, as genai's chat sample does
+    history.append({"role": "assistant", "content": first.texts[0]})
+    history.append({"role": "user", "content": "And another one?"})
+    second = pipe.generate(history, max_new_tokens=NEW)
+    grown = second.perf_metrics.get_num_input_tokens() - first.perf_metrics.get_num_input_tokens()
+    assert grown > len(first.results[0].tokens)
+    # a list of message dicts is the same chat
+    as_dicts = pipe.generate(history.get_messages(), max_new_tokens=NEW)
+    assert as_dicts.texts == second.texts
+    # tools reach the chat template (SmolLM2's template lists them in the system prompt)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    history.set_tools(tools)
+    with_tools = pipe.generate(history, max_new_tokens=2)
+    assert (
+        with_tools.perf_metrics.get_num_input_tokens() > second.perf_metrics.get_num_input_tokens()
+    )
+
+
+def test_a_batch_of_prompts_gives_each_prompts_own_answer(pipe):
+    prompts = ["Name a fruit.", QUESTION, "Count to three."]
+    batch = pipe.generate(prompts, max_new_tokens=NEW)
+    alone = [pipe.generate(p, max_new_tokens=NEW) for p in prompts]
+    assert isinstance(batch, DecodedResults) and batch.texts == [str(a) for a in alone]
+    assert [r.tokens for r in batch.results] == [a.tokens for a in alone]
+    metrics = batch.perf_metrics
+    assert metrics.get_num_input_tokens() == sum(a.prompt_tokens for a in alone)
+    assert metrics.get_num_generated_tokens() == sum(len(a.tokens) for a in alone)
+    assert len(metrics.raw_metrics.tokenization_durations) == len(prompts)
+    assert str(batch).count("\n") == len(prompts) - 1 and str(batch).startswith("0.000000: ")
+
+
+def test_several_answers_per_prompt_come_as_decoded_results(pipe):
+    sampled = {"max_new_tokens": 4, "do_sample": True, "rng_seed": 3, "ignore_eos": True}
+    result = pipe.generate(QUESTION, num_return_sequences=2, **sampled)
+    assert isinstance(result, DecodedResults) and len(result.texts) == 2
+    assert all(score < 0 for score in result.scores)  # sampled: summed log-probabilities
+    assert str(result).count("\n") == 1 and str(result).startswith(f"{result.scores[0]:.6f}: ")
+    assert pipe.generate(QUESTION, **sampled) == result.texts[0]  # the first of one generator
+    assert len(result.perf_metrics.raw_metrics.m_times_to_first_token) == 2
+
+
+def test_token_ids_in_tensors_give_encoded_results(pipe):
+    tokenizer = pipe.get_tokenizer()
+    texts = ["The sky is blue because the", "Hi"]
+    alone = [
+        pipe.generate(tokenizer.encode(t).input_ids.data[0].tolist(), max_new_tokens=NEW)
+        for t in texts
+    ]
+    padded = tokenizer.encode(texts)  # the short one is padded (left, for this tokenizer)
+    assert padded.input_ids.get_shape()[0] == 2
+    result = pipe.generate(padded, max_new_tokens=NEW)
+    assert isinstance(result, EncodedResults)
+    assert result.tokens == [a.tokens for a in alone]
+    # right padding: the attention mask says where the tokens are
+    ids = [tokenizer.encode(t).input_ids.data[0] for t in texts]
+    width = max(len(i) for i in ids)
+    rows = np.zeros((2, width), np.int64)
+    mask = np.zeros((2, width), np.int64)
+    for row, i in enumerate(ids):
+        rows[row, : len(i)], mask[row, : len(i)] = i, 1
+    right = openvino_genai.TokenizedInputs(ov.Tensor(rows), ov.Tensor(mask))
+    assert pipe.generate(right, max_new_tokens=NEW).tokens == result.tokens
+    one = pipe.generate(ov.Tensor(rows[:1]), max_new_tokens=NEW)
+    assert one.tokens == result.tokens[:1] and one.perf_metrics.get_num_input_tokens() == width
+    assert one.perf_metrics.raw_metrics.detokenization_durations == []  # ids out: no decoding
+
+
+def test_perf_metrics_have_genai_getters_and_units(pipe):
+    a = pipe.generate(QUESTION, max_new_tokens=8, ignore_eos=True).perf_metrics
+    b = pipe.generate(["Hello"], max_new_tokens=4, ignore_eos=True).perf_metrics
+    assert a.get_num_generated_tokens() == 8 and a.get_num_input_tokens() > 5
+    ttft, tpot = a.get_ttft(), a.get_tpot()
+    assert 0 < ttft.mean < 60_000 and ttft.std == 0  # ms, one prompt
+    assert 0 < tpot.mean < ttft.mean + 10_000 and tpot.std >= 0
+    assert len(a.raw_metrics.m_durations) == 7  # 8 tokens, 7 steps between them
+    assert a.get_throughput().mean == pytest.approx(1000 / tpot.mean)
+    assert a.get_ipot().mean > 0 and a.get_inference_duration().mean > 0
+    generate = a.get_generate_duration().mean
+    assert generate >= a.get_inference_duration().mean and generate >= ttft.mean
+    for getter in ("tokenization", "detokenization", "chat_template"):
+        assert 0 < getattr(a, f"get_{getter}_duration")().mean < generate
+    mean, std = a.get_ttft()  # a MeanStdPair unpacks, as genai's
+    assert (mean, std) == (ttft.mean, ttft.std)
+    assert a.get_load_time() == pytest.approx(pipe.load_time) and a.get_load_time() > 0
+    total = a + b
+    assert total.get_num_generated_tokens() == 12
+    assert len(total.raw_metrics.m_times_to_first_token) == 2
+    assert total.get_ttft().mean == pytest.approx((a.get_ttft().mean + b.get_ttft().mean) / 2)
+    a += b
+    assert a.get_num_generated_tokens() == 12 and a.get_num_input_tokens() > 5
+    with pytest.raises(ValueError, match="same pipeline"):
+        a + PerfMetrics(load_time=1.0)
+    empty = PerfMetrics()
+    assert tuple(empty.get_ttft()) == (-1.0, -1.0) and empty.get_throughput().mean == -1000.0
+
+
+def test_the_constructor_takes_a_properties_dict_with_a_scheduler_config(smol_dir, expected):
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.enable_prefix_caching = False
+    scheduler.max_num_batched_tokens = sys.maxsize  # the whole prompt in one step
+    scheduler.num_kv_blocks = 40
+    settings = {k: v for k, v in SAME.items() if k != "prefill_chunk_size"}  # the scheduler's
+    pipe = LLMPipeline(str(smol_dir), "CPU", {"scheduler_config": scheduler, **settings})
+    try:
+        assert pipe.config.paged and not pipe.config.prefix_reuse
+        assert pipe.config.prefill_chunk_size == MAX_PROMPT
+        assert pipe.kv_stats()["kv_capacity_tokens"] == 40 * 32
+        answer = pipe.generate(QUESTION, max_new_tokens=NEW)
+        assert answer.tokens == expected.tokens
+        pipe.generate(QUESTION, max_new_tokens=NEW)
+        assert pipe.kv_stats()["reused_tokens"] == 0  # prefix caching off
+    finally:
+        del pipe
+        gc.collect()
+
+
+def test_the_constructor_takes_a_tokenizer(smol_dir, expected):
+    tokenizer = openvino_genai.Tokenizer(str(smol_dir))
+    pipe = LLMPipeline(smol_dir, tokenizer, "CPU", **SAME)
+    try:
+        assert pipe.get_tokenizer() is tokenizer
+        assert pipe.generate(QUESTION, max_new_tokens=NEW) == expected
+    finally:
+        del pipe
+        gc.collect()
+
+
+def test_the_constructor_takes_a_model_in_memory(smol_dir, expected, tmp_path, monkeypatch):
+    """genai's encrypted-model form: the IR as XML text and its weights as a tensor."""
+    xml = (smol_dir / "openvino_model.xml").read_text()
+    weights = ov.Tensor(np.fromfile(smol_dir / "openvino_model.bin", np.uint8))
+    tokenizer = openvino_genai.Tokenizer(str(smol_dir))
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 3
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the IR is written
+    pipe = LLMPipeline(xml, weights, tokenizer, "CPU", config, **SAME)
+    try:
+        assert list(tmp_path.iterdir()) == [] and pipe.model_dir is None  # removed once compiled
+        answer = pipe.generate(QUESTION)  # the given generation config: 3 new tokens
+        assert answer.tokens == expected.tokens[:3]
+    finally:
+        del pipe
+        gc.collect()
+
+
+@pytest.mark.parametrize(
+    ("device", "settings", "fields", "message"),
+    [
+        ("NPU", {}, {}, "paged path: use device CPU"),
+        ("CPU", {"attention_backend": "sdpa"}, {}, "paged path"),
+        ("CPU", {}, {"cache_size": 1}, "cache_size=1 is not supported"),
+        ("CPU", {}, {"dynamic_split_fuse": False}, "dynamic_split_fuse"),
+        ("CPU", {}, {"use_cache_eviction": True}, "use_cache_eviction"),
+        ("CPU", {}, {"num_kv_blocks": 2}, "num_kv_blocks=2 holds 64 tokens"),
+        ("CPU", {"PREFIX_REUSE": "YES"}, {}, "enable_prefix_caching and PREFIX_REUSE"),
+        ("CPU", {"prefill_chunk_size": 64}, {"max_num_batched_tokens": 128}, "max_num_batched"),
+    ],
+)
+def test_a_scheduler_config_we_cannot_honour_is_refused(
+    smol_dir, device, settings, fields, message
+):
+    scheduler = openvino_genai.SchedulerConfig()
+    for name, value in fields.items():
+        setattr(scheduler, name, value)
+    with pytest.raises(ValueError, match=message):
+        LLMPipeline(smol_dir, device, scheduler_config=scheduler, **settings)
+
+
+def test_bad_constructor_arguments_are_refused(smol_dir):
+    with pytest.raises(ValueError, match="SchedulerConfig"):
+        LLMPipeline(smol_dir, "CPU", scheduler_config={"cache_size": 1})
+    with pytest.raises(ValueError, match="needs an openvino_genai.Tokenizer"):
+        LLMPipeline("<net/>", ov.Tensor(np.zeros(4, np.uint8)), "CPU")
+    with pytest.raises(ValueError, match="device given twice"):
+        LLMPipeline(smol_dir, "CPU", device="NPU")
+    with pytest.raises(ValueError, match="dict of properties"):
+        LLMPipeline(smol_dir, "CPU", "f32")
+
+
+def test_bad_inputs_are_named_and_the_pipeline_goes_on(pipe, expected):
+    tokenizer = pipe.get_tokenizer()
+    mismatched = openvino_genai.TokenizedInputs(
+        ov.Tensor(np.ones((2, 3), np.int64)), ov.Tensor(np.ones((2, 4), np.int64))
+    )
+    bad = [
+        ([], "empty input"),
+        (["a prompt", 7], "a list of int, str"),
+        ([{"content": "no role"}], "must be a dict with a 'role'"),
+        ([{"role": "user", "content": 5}], "content must be text"),
+        (openvino_genai.ChatHistory(), "empty chat history"),
+        (mismatched, "attention_mask of shape"),
+        (5, "sequence of token ids"),
+    ]
+    for inputs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            pipe.generate(inputs, max_new_tokens=2)
+    chat = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match="chat template"):
+        pipe.generate(chat, max_new_tokens=2, apply_chat_template=False)
+    with pytest.raises(ValueError, match="a streamer takes one answer"):
+        pipe.generate(["a", "b"], max_new_tokens=2, streamer=print)
+    pipe.start_chat()
+    try:
+        with pytest.raises(ValueError, match="one prompt at a time"):
+            pipe.generate(["a", "b"], max_new_tokens=2)
+    finally:
+        pipe.finish_chat()
+    with pytest.raises(ValueError, match="needs do_sample=True"):
+        pipe.generate(QUESTION, max_new_tokens=2, num_return_sequences=2)
+    with pytest.raises(ValueError, match="pass the ids as an ov.Tensor"):
+        pipe.generate([1, 9690], max_new_tokens=2, do_sample=True, num_return_sequences=2)
+    assert tokenizer.decode(expected.tokens) == expected
+    assert pipe.generate(QUESTION, max_new_tokens=NEW) == expected  # still usable
