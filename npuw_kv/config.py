@@ -169,7 +169,8 @@ class PipelineConfig:
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
     # static models (NPU): prefill variants by past length ("auto": pyramid), generate
     # variants by KV length (None: on), the embedding and LM head cut out and compiled once
-    # (None: on where the graph allows), V stored transposed (not implemented: refused)
+    # (None: on where the graph allows), V stored transposed [1, H, D, S] (None: see
+    # ``v_transposed``)
     prefill_attention: str = "auto"
     generate_pyramid: bool | None = None
     shared_head: bool | None = None
@@ -285,17 +286,18 @@ class PipelineConfig:
 
     def _check_variants(self) -> None:
         """NPUW's LLM options that shape the static models: honoured there, refused where
-        they would mean nothing (or, for V transposed, not implemented)."""
-        if self.optimize_v_tensors:
-            raise ValueError(
-                f"{label('optimize_v_tensors')} YES: storing V transposed ([1, H, D, S]) is not "
-                "implemented; npuw-kv keeps V as [1, H, S, D]. Leave it unset or set it NO"
-            )
+        they would mean nothing."""
         if self.use_static_models:
             return
         where = "the CPU static-shape path's one dynamic model"
         if self.paged:
             where = "PagedAttention"
+        if self.optimize_v_tensors:
+            raise ValueError(
+                f"{label('optimize_v_tensors')} YES stores V transposed ([1, H, D, S]) in the "
+                f"static models (device NPU or static_models=True); {where} keeps V as "
+                "[1, H, S, D]. Leave it unset, set it NO, or use static_models=True"
+            )
         if self.prefill_attention == "static":
             raise ValueError(
                 f"{label('prefill_attention')} 'static' shapes the static models (device NPU "
@@ -317,6 +319,19 @@ class PipelineConfig:
     def generate_variants(self) -> bool:
         """Generate variants by KV length on the static models (None: yes)."""
         return self.use_static_models and self.generate_pyramid is not False
+
+    def v_transposed(self, real_npu: bool) -> bool:
+        """Whether the static models store V transposed (``optimize_v_tensors``).
+
+        ``auto`` (None): only where NPUW places the models on a real NPU (``real_npu``), as
+        NPUW's own default (YES) is meant for.  With NPUW on the CPU, the transposed V measured
+        no faster on SmolLM2 (docs/design.md, "V stored transposed"), so it stays off there.
+        """
+        if not self.use_static_models:
+            return False
+        if self.optimize_v_tensors is not None:
+            return self.optimize_v_tensors
+        return real_npu
 
     @property
     def paged(self) -> bool:

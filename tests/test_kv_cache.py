@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
-from npuw_kv.kv.copy import CopyCounter, safe_copy
+from npuw_kv.kv.copy import CopyCounter, relayout, safe_copy
 
 
 def make_cache(capacity=10):
@@ -53,3 +53,41 @@ def test_safe_copy_handles_aliasing_layouts():
 def test_safe_copy_shape_mismatch():
     with pytest.raises(ValueError, match="shape mismatch"):
         safe_copy(np.zeros((2, 2)), np.zeros((2, 3)))
+
+
+def test_transposed_v_is_cut_along_its_innermost_axis():
+    """V stored [1, H, D, S]: a slot range cuts axis 3, strided even with one head; the same
+    memory read as [1, H, S, D] (a model that keeps V as it is) starts at the same address."""
+    cache = SharedKVCache([KVSpec("v0", 1, 4, seq_axis=3), KVSpec("v1", 3, 4, seq_axis=3)], 10)
+    assert cache.buffers["v0"].shape == (1, 1, 4, 10)
+    for name, heads in (("v0", 1), ("v1", 3)):
+        view = cache.view(name, 2, 5)
+        assert list(view.shape) == [1, heads, 4, 3] and not view.is_continuous()
+        view.data[...] = 7.0
+        assert (cache.buffers[name][..., 2:5] == 7).all()
+        assert not cache.buffers[name][..., :2].any() and not cache.buffers[name][..., 5:].any()
+        assert cache.view(name, 0, 10).is_continuous()
+        np.testing.assert_array_equal(cache.rows(name, 2, 5), view.data)
+        assert cache.token_rows(name, 2, 5).shape == (heads, 3, 4)  # [heads, tokens, dim]
+        other = cache.view(name, 0, 3, seq_axis=2)  # the other layout of the same memory
+        assert list(other.shape) == [1, heads, 3, 4]
+        assert other.data.ctypes.data == cache.buffers[name].ctypes.data
+        assert cache.zeros(name, 2).shape == (1, heads, 4, 2)
+        assert cache.zeros(name, 2, seq_axis=2).shape == (1, heads, 2, 4)
+    assert cache.bytes_per_token() == (1 + 3) * 4 * 4
+
+
+def test_relayout_of_overlapping_views_goes_through_a_temporary():
+    # the first 6 slots of a [1, 2, 4, 8] V buffer written as [1, 2, 6, 4], then re-laid out
+    # in place as [1, 2, 4, 6]: both views start at the buffer's first byte
+    buffer = np.full((1, 2, 4, 8), np.nan, np.float32)
+    hsd = buffer.reshape(1, 2, 8, 4)[:, :, :6]
+    hds = buffer[..., :6]
+    tokens = np.arange(48, dtype=np.float32).reshape(1, 2, 6, 4)
+    hsd[...] = tokens
+    counter = CopyCounter()
+    relayout(hds, hsd, 3, 2, counter)
+    np.testing.assert_array_equal(hds, tokens.transpose(0, 1, 3, 2))
+    assert counter.bytes == hds.nbytes
+    relayout(hsd, hds, 2, 3)  # and back
+    np.testing.assert_array_equal(hsd, tokens)

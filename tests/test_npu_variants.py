@@ -89,7 +89,7 @@ def test_embedding_and_head_compiled_once(tiny_dir):
     ("settings", "message"),
     [
         ({"NPUW_LLM_PREFILL_ATTENTION_HINT": "DYNAMIC"}, "prefill_attention"),
-        ({"NPUW_LLM_OPTIMIZE_V_TENSORS": "YES"}, "not implemented"),
+        ({"device": "CPU", "attention_backend": "sdpa", "optimize_v_tensors": True}, "V trans"),
         ({"device": "CPU", "prefill_attention": "static"}, "prefill_attention"),
         ({"device": "CPU", "attention_backend": "sdpa", "generate_pyramid": True}, "generate"),
         ({"device": "CPU", "attention_backend": "pa", "kv_binding": "contiguous"}, "contiguous"),

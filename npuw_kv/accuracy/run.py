@@ -60,6 +60,8 @@ MODES: dict[str, dict[str, Any]] = {
         **EXACT_F32,
     },
     "f16-kv": {"kv_precision": "f16", **EXACT_F32},
+    # V stored transposed [1, H, D, S] in the static models (NPUW_LLM_OPTIMIZE_V_TENSORS)
+    "v-transposed": {"static_models": True, "optimize_v_tensors": True, **EXACT_F32},
     "bf16-kv": {"kv_precision": "bf16", **EXACT_F32},
     "device-default": {},
     **{name: {"attention_backend": "pa", **parts} for name, parts in DEFAULT_PARTS.items()},
@@ -70,6 +72,7 @@ TOLERANCE: dict[str, dict[str, float]] = {
     "copy": {"CPU": 1e-3, "NPU": 1e-3},
     "static": {"CPU": 1e-3, "NPU": 1e-3},
     "no-pyramid": {"CPU": 1e-3, "NPU": 1e-3},
+    "v-transposed": {"CPU": 1e-3, "NPU": 1e-3},
     "f16-kv": {"CPU": 0.1, "NPU": 0.1},
     # bf16 keeps 8 mantissa bits to f16's 11: ~8x the rounding of f16-kv (0.22 / 0.45 seen at
     # 1k / 4k; NPUW's own f16 KV gives 0.44 / 0.56).  NPUW has no bf16 (see NOT_ON_DEVICE).

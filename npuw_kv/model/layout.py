@@ -28,8 +28,14 @@ class KVPort:
     output_index: int  # index into model.outputs of the present output
     num_heads: int
     head_dim: int
-    seq_axis: int
+    seq_axis: int  # 2: [1, heads, seq, head_dim]; 3: V transposed, [1, heads, head_dim, seq]
     precision: str  # "f32", "f16" or "bf16": the element type of the KV input / output
+
+    def shape(self, seq: ov.Dimension | int) -> list:
+        """This port's past (or present) shape with ``seq`` slots, along its own seq axis."""
+        if self.seq_axis == 3:
+            return [1, self.num_heads, self.head_dim, seq]
+        return [1, self.num_heads, seq, self.head_dim]
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,18 @@ class KVLayout:
     def with_precision(self, precision: str) -> KVLayout:
         """The same layout with the cache stored as ``precision`` (after set_kv_precision)."""
         return replace(self, ports=tuple(replace(p, precision=precision) for p in self.ports))
+
+    @property
+    def values_transposed(self) -> bool:
+        """Whether V is stored transposed, ``[1, heads, head_dim, seq]`` (optimize_v_tensors)."""
+        return any(p.kind == "value" and p.seq_axis == 3 for p in self.ports)
+
+    def with_values_transposed(self) -> KVLayout:
+        """The same layout with every V port's sequence on axis 3 (after the V rewrite)."""
+        return replace(
+            self,
+            ports=tuple(replace(p, seq_axis=3) if p.kind == "value" else p for p in self.ports),
+        )
 
     def bytes_per_token(self) -> int:
         itemsize = 4 if self.precision == "f32" else 2

@@ -117,7 +117,7 @@ def set_shapes(
         hidden = embeds.get_output_partial_shape(0)[-1]
         shapes[EMBEDS_INPUT] = ov.PartialShape([1, dim(tokens), hidden])
     for p in layout.ports:
-        shapes[p.input_name] = ov.PartialShape([1, p.num_heads, dim(past_len), p.head_dim])
+        shapes[p.input_name] = ov.PartialShape(p.shape(dim(past_len)))
     model.reshape(shapes)
 
 

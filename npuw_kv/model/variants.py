@@ -7,7 +7,7 @@ so one compiled model (one copy of the weights) can run both shapes on a dynamic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import openvino as ov
@@ -16,6 +16,7 @@ from ..errors import ModelLayoutError, ModelLoadError
 from . import attention as A
 from . import transforms as T
 from .layout import KVLayout, discover_layout
+from .value_layout import ValueLayouts, phase_bases
 from .window import apply_windows
 
 # the generate variants' KV lengths grow in steps of this many tokens (doubling), as NPUW's
@@ -117,34 +118,55 @@ def prepare(
 
 
 def static_pair(
-    model: ov.Model, layout: KVLayout, shapes: StaticShapes
+    model: ov.Model, layout: KVLayout, shapes: StaticShapes, values: ValueLayouts | None = None
 ) -> tuple[ov.Model, ov.Model]:
     """Clone into the prefill ``[1, C]`` and generate ``[1, 1]`` models of the whole past."""
     whole = replace(shapes, pyramid=False, generate_variants=False)
-    (prefill,), (generate,) = static_ladder(model, layout, whole)
-    return prefill[1], generate[1]
+    ladder = static_ladder(model, layout, whole, values)
+    return ladder.prefill[0][1], ladder.generate[0][1]
+
+
+@dataclass
+class Ladder:
+    """The static models of both phases, ``(past, model)`` ascending by past (the last of each
+    reads the whole past), and each phase's KV layout (V transposed or not)."""
+
+    prefill: list[tuple[int, ov.Model]]
+    generate: list[tuple[int, ov.Model]]
+    prefill_layout: KVLayout
+    generate_layout: KVLayout
+    # phases where V transposed was asked for but the graph did not match: why
+    mismatched: dict[str, str] = field(default_factory=dict)
 
 
 def static_ladder(
-    model: ov.Model, layout: KVLayout, shapes: StaticShapes
-) -> tuple[list[tuple[int, ov.Model]], list[tuple[int, ov.Model]]]:
-    """Clone into every prefill ``[1, C]`` and generate ``[1, 1]`` model of ``shapes``:
-    ``(past, model)`` pairs, ascending by past (the last of each reads the whole past)."""
-    prefill, generate = [], []
+    model: ov.Model, layout: KVLayout, shapes: StaticShapes, values: ValueLayouts | None = None
+) -> Ladder:
+    """Clone into every prefill ``[1, C]`` and generate ``[1, 1]`` model of ``shapes``, V
+    stored transposed in the phases ``values`` asks for (``value_layout.py``)."""
+    bases, mismatched = phase_bases(model, layout, values or ValueLayouts())
+    models: dict[str, list[tuple[int, ov.Model]]] = {"prefill": [], "generate": []}
+    steps = {
+        "prefill": (shapes.chunk, shapes.prefill_pasts),
+        "generate": (1, shapes.generate_pasts),
+    }
     try:
-        for past in shapes.prefill_pasts:
-            m = model.clone()
-            T.set_shapes(m, layout, shapes.chunk, past + shapes.chunk, past)
-            m.set_friendly_name(f"npuw_kv_prefill_past{past}")
-            prefill.append((past, m))
-        for past in shapes.generate_pasts:
-            m = model.clone()
-            T.set_shapes(m, layout, 1, past + 1, past)
-            m.set_friendly_name(f"npuw_kv_generate_past{past}")
-            generate.append((past, m))
+        for phase, (tokens, pasts) in steps.items():
+            base, base_layout = bases[phase]
+            for past in pasts:
+                m = base.clone()
+                T.set_shapes(m, base_layout, tokens, past + tokens, past)
+                m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
+                models[phase].append((past, m))
     except Exception as exc:
         raise ModelLayoutError(f"static reshape failed: {exc}") from exc
-    return prefill, generate
+    return Ladder(
+        models["prefill"],
+        models["generate"],
+        bases["prefill"][1],
+        bases["generate"][1],
+        mismatched,
+    )
 
 
 def shared_dynamic(model: ov.Model, layout: KVLayout) -> ov.Model:

@@ -24,6 +24,13 @@ generate request's past (the whole buffer) is then read in place while the prefi
 ``[0, MAX_PROMPT_LEN - C)`` and every present output view are staged.  A sliced-past model binds
 only the whole buffer as its past, so it behaves like ``roi`` there; its outputs follow the guard.
 ``past_paths`` and ``output_paths`` record which way each port went.
+
+Each port carries its sequence axis: 2 (``[1, H, S, D]``), or 3 for V stored transposed
+(``[1, H, D, S]``, ``optimize_v_tensors``), where a slot range cuts the innermost axis.  Such a
+view is strided even with one head (only the whole buffer is dense), so the contiguous guard
+stages every transposed-V past but the generate model's whole buffer, and every transposed-V
+output.  A port whose axis differs from the buffer's (V transposed in one phase only) gets
+views of the same memory in its own layout (:meth:`SharedKVCache.view`'s ``seq_axis``).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import numpy as np
 import openvino as ov
 
 from ..config import KV_BINDINGS
-from ..kv.cache import SharedKVCache
+from ..kv.cache import SEQ_AXIS, SharedKVCache, seq_slice
 from ..kv.copy import CopyCounter, safe_copy
 from ..model.transforms import tail_input
 
@@ -47,6 +54,7 @@ BindPath = Literal["direct", "staged"]
 class BoundPort:
     name: str  # past input name == cache buffer name
     output_index: int
+    seq_axis: int = SEQ_AXIS  # 3: V transposed, [1, H, D, S]
 
 
 class KVBinding:
@@ -99,8 +107,10 @@ class KVBinding:
         self._staging_out: dict[str, np.ndarray] = {}
         self._staging_out_tensors: dict[str, ov.Tensor] = {}
         self._scratch: dict[str, ov.Tensor] = {}
+        self._axis = {port.name: port.seq_axis for port in ports}
         whole = (0, cache.capacity)
         for port in ports:
+            axis = port.seq_axis
             # a sliced-past model: the prefill reads through the sliced past, the generate step
             # through the unsliced tail (a slice would copy every step); the other stays empty
             target = tail_input(port.name) if sliced and not grow else port.name
@@ -111,17 +121,17 @@ class KVBinding:
             if views and sliced:  # growing (prefill) or whole (generate), checked above
                 # for the prefill, the chunk's output view [start, start + C) lies in this same
                 # buffer, past the slice the mask sets: the request never reads what it writes
-                view = cache.view(port.name, *whole)
+                view = cache.view(port.name, *whole, axis)
             elif views and past_len == 0:
                 # no past at all: one chunk covers MAX_PROMPT_LEN, or a prefill model of past 0
                 view = self._empty(port.name)
             elif views:
-                view = cache.view(port.name, 0, past_len)
+                view = cache.view(port.name, 0, past_len, axis)
             if view is not None and self._direct(view):
                 request.set_tensor(target, view)
                 self.past_paths[port.name] = "direct"
             else:
-                past = cache.zeros(port.name, past_len)
+                past = cache.zeros(port.name, past_len, axis)
                 self._staging_in[port.name] = past
                 request.set_tensor(target, cache.tensor(past))
                 self.past_paths[port.name] = "staged"
@@ -136,12 +146,12 @@ class KVBinding:
 
     def _empty(self, name: str) -> ov.Tensor:
         """A zero-length past, for a port that has nothing to read."""
-        return self.cache.tensor(self.cache.zeros(name, 0))
+        return self.cache.tensor(self.cache.zeros(name, 0, self._axis[name]))
 
     def _output_staging(self, name: str) -> ov.Tensor:
         """The dense tensor port ``name``'s present rows are written to when staged."""
         if name not in self._staging_out_tensors:
-            new = self.cache.zeros(name, self.new_tokens)
+            new = self.cache.zeros(name, self.new_tokens, self._axis[name])
             self._staging_out[name] = new
             self._staging_out_tensors[name] = self.cache.tensor(new)
         return self._staging_out_tensors[name]
@@ -174,20 +184,22 @@ class KVBinding:
         end = min(live_end, self.past_len)
         if end > self._synced and self._staging_in:
             for name, past in self._staging_in.items():
+                axis = self._axis[name]
                 safe_copy(
-                    past[:, :, self._synced : end, :],
-                    self.cache.rows(name, self._synced, end),
+                    seq_slice(past, axis, self._synced, end),
+                    self.cache.rows(name, self._synced, end, axis),
                     self.counter,
                 )
             self._synced = end
 
     def _output_view(self, name: str, start: int, stop: int) -> ov.Tensor:
         if stop <= self.cache.capacity:
-            return self.cache.view(name, start, stop)
+            return self.cache.view(name, start, stop, self._axis[name])
         # The very last step's KV is never read again (the cache is then full): discard it.
         # The scratch is a dense array, so even the contiguous guard binds it directly.
         if name not in self._scratch:
-            self._scratch[name] = self.cache.tensor(self.cache.zeros(name, self.new_tokens))
+            scratch = self.cache.zeros(name, self.new_tokens, self._axis[name])
+            self._scratch[name] = self.cache.tensor(scratch)
         return self._scratch[name]
 
     def after(self, write_slots: tuple[int, int]) -> None:
@@ -198,7 +210,7 @@ class KVBinding:
         for port in self.ports:
             if self.output_paths.get(port.name) == "staged":
                 safe_copy(
-                    self.cache.rows(port.name, start, stop),
+                    self.cache.rows(port.name, start, stop, port.seq_axis),
                     self._staging_out[port.name],
                     self.counter,
                 )

@@ -120,7 +120,8 @@ def build_runner(
             config.prefix_cache_tokens,
         ),
     )
-    return Built(runner, config, _vocab(requests.logits_output(layout.logits_output_index)), layout)
+    vocab = _vocab(requests.logits_output(layout.logits_output_index))
+    return Built(runner, config, vocab, runner.layout)  # the generate models' (V transposed?)
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:

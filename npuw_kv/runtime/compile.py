@@ -9,11 +9,12 @@ from typing import Any
 
 import openvino as ov
 
-from ..config import PipelineConfig
+from ..config import PipelineConfig, label
 from ..errors import CompileError, ModelLayoutError
 from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
-from ..model.variants import StaticShapes, shared_dynamic, static_ladder
+from ..model.value_layout import ValueLayouts
+from ..model.variants import Ladder, StaticShapes, shared_dynamic, static_ladder
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Requests:
     # smaller variants, ascending by past (the largest is ``prefill`` / ``generate``)
     prefill_ladder: tuple[Variant, ...] = ()
     generate_ladder: tuple[Variant, ...] = ()
+    # each phase's KV layout when it is not the prepared model's (V transposed)
+    prefill_layout: KVLayout | None = None
+    generate_layout: KVLayout | None = None
 
     def logits_output(self, index: int) -> ov.Output:
         """The compiled output that holds the logits (the head's, when cut out)."""
@@ -185,9 +189,14 @@ def compile_requests(
             and "NPUW_FUNCALL_FOR_ALL" not in config.compile_properties
         ):
             props = {**props, "NPUW_FUNCALL_FOR_ALL": "NO"}
-        prefill_models, generate_models = static_ladder(
-            split.body if split is not None else model, layout, shapes
+        ladder = static_ladder(
+            split.body if split is not None else model,
+            layout,
+            shapes,
+            value_layouts(config, props),
         )
+        check_value_layouts(config, ladder)
+        prefill_models, generate_models = ladder.prefill, ladder.generate
 
         def compile_all(p: dict[str, Any], pyramid: bool = True, variants: bool = True) -> Requests:
             def request(m: ov.Model) -> ov.InferRequest:
@@ -215,6 +224,8 @@ def compile_requests(
                 head,
                 tuple(prefill[:-1]),
                 tuple(generate[:-1]),
+                ladder.prefill_layout,
+                ladder.generate_layout,
             )
 
         try:
@@ -248,6 +259,35 @@ def compile_requests(
             return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
+
+
+def value_layouts(config: PipelineConfig, props: dict[str, Any]) -> ValueLayouts:
+    """Where the static models store V transposed: both phases or none (``optimize_v_tensors``;
+    ``auto``: where NPUW places them on a real NPU)."""
+    real_npu = "NPU" in str(props.get("NPUW_DEVICES", "")).upper().split(",")[0]
+    wanted = config.v_transposed(real_npu)
+    return ValueLayouts(wanted, wanted)
+
+
+def check_value_layouts(config: PipelineConfig, ladder: Ladder) -> None:
+    """A phase whose graph the V rewrite does not match keeps V as ``[1, H, S, D]`` (NPUW does
+    the same per model); the runner then re-lays the prompt's V out at the switch.  Asked for
+    explicitly, that is said in a warning, and refused when no phase matches."""
+    if not ladder.mismatched or config.optimize_v_tensors is None:
+        return
+    reasons = "; ".join(f"{phase}: {why}" for phase, why in ladder.mismatched.items())
+    if len(ladder.mismatched) == 2:
+        raise ModelLayoutError(
+            f"{label('optimize_v_tensors')} YES: this model's attention does not match the "
+            f"V-transpose rewrite ({reasons}); set it NO or leave it unset"
+        )
+    warnings.warn(
+        f"{label('optimize_v_tensors')} YES: the {' and '.join(ladder.mismatched)} models keep "
+        f"V as [1, H, S, D] ({reasons}); the prompt's V is re-laid out (copied) at every "
+        "prefill -> generate switch",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def paged_kv_precision(config: PipelineConfig) -> str | None:

@@ -122,7 +122,8 @@ class HostPrefixCache:
         for layer, (k_name, v_name) in enumerate(self._layers):
             view = self.blocks.layer_view(self._window, block, layer)  # [tpb, 2, heads, dim]
             for kv, name in ((0, k_name), (1, v_name)):
-                rows = self.cache.buffers[name][0, :, slot:stop, :]  # [heads, tpb, dim]
+                # [heads, tpb, dim], whichever layout the buffer holds (V transposed or not)
+                rows = self.cache.token_rows(name, slot, stop)
                 if to_store:
                     view[:, kv] = rows.transpose(1, 0, 2)
                 else:

@@ -14,7 +14,7 @@ import numpy as np
 import openvino as ov
 
 from ..errors import CapacityError
-from ..kv.cache import KVSpec, SharedKVCache
+from ..kv.cache import KVSpec, SharedKVCache, layout_name
 from ..kv.copy import CopyCounter
 from ..model.layout import KVLayout
 from ..model.split import EMBEDS_INPUT
@@ -45,6 +45,11 @@ class _Bound:
     binding: KVBinding
 
 
+def _v_layout(layout: KVLayout) -> str:
+    value = next(p for p in layout.ports if p.kind == "value")
+    return layout_name(value.seq_axis)
+
+
 def _pick(variants: list[_Bound], slot: int) -> _Bound:
     """The variant with the smallest past that holds every slot before ``slot``."""
     return next(v for v in variants if v.past >= slot)
@@ -65,11 +70,15 @@ class StaticRunner(Runner):
         """``prefix_cache_tokens``: room of the host store for earlier prompts' prefixes
         (:mod:`.prefix_store`); 0: only the last sequence is reused."""
         self.requests = requests
-        self.layout = layout
+        # each phase's KV layout (V transposed or not); the buffers are laid out as the
+        # generate models read them, the whole buffer at once
+        self.layout = requests.generate_layout or layout
+        self.prefill_layout = requests.prefill_layout or layout
         self.shapes = shapes
-        self._specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
+        self._specs = [
+            KVSpec(p.input_name, p.num_heads, p.head_dim, p.seq_axis) for p in self.layout.ports
+        ]
         self.copied = CopyCounter()
-        ports = [BoundPort(p.input_name, p.output_index) for p in layout.ports]
         self.prefill_past = shapes.prefill_past
         # One compiled model serving both shapes (CPU) slices its past by the mask length.  Its
         # prefill must not read a strided view: the CPU plugin stages a strided input through
@@ -77,7 +86,7 @@ class StaticRunner(Runner):
         # that scrambles it).  So both requests bind the whole buffer, which is contiguous.
         self._sliced = requests.shared_weights
         try:
-            self._bind(ports, kv_binding)
+            self._bind(kv_binding)
         except RuntimeError as exc:
             if kv_binding != "roi":
                 raise
@@ -91,7 +100,7 @@ class StaticRunner(Runner):
                 stacklevel=2,
             )
             kv_binding = "contiguous"
-            self._bind(ports, kv_binding)
+            self._bind(kv_binding)
         self.kv_binding = kv_binding
         self._body_reads_ids = any(
             "input_ids" in i.get_names() for i in requests.prefill.get_compiled_model().inputs
@@ -106,37 +115,51 @@ class StaticRunner(Runner):
         self._cached: list[int] = []  # token ids whose KV sits in slots [first_slot, ...)
         self.reused_tokens = 0  # of the last prompt, taken from the cache instead of run
         self.prefix_store = (
-            HostPrefixCache(self.cache, layout, prefix_cache_tokens, self.copied)
+            HostPrefixCache(self.cache, self.layout, prefix_cache_tokens, self.copied)
             if prefix_cache_tokens
             else None
         )
 
-    def _bind(self, ports: list[BoundPort], mode: str) -> None:
+    def _bind(self, mode: str) -> None:
         shapes = self.shapes
         # TOTAL-1 slots: the generate past input is the whole buffer; the KV of the TOTAL-th
         # token is never read, the last step writes it to scratch.
         self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision)
-
-        def binding(request: ov.InferRequest, past: int, new: int, grow: bool) -> KVBinding:
-            return KVBinding(
-                request, ports, self.cache, past, new, mode, self.copied, self._sliced, grow
-            )
-
         requests = self.requests
 
-        def bound(variants: list[Variant], new: int, grow: bool) -> list[_Bound]:
+        def bound(variants: list[Variant], layout: KVLayout, new: int, grow: bool) -> list[_Bound]:
+            ports = [BoundPort(p.input_name, p.output_index, p.seq_axis) for p in layout.ports]
             return [
-                _Bound(v.past, v.request, binding(v.request, v.past, new, grow)) for v in variants
+                _Bound(
+                    v.past,
+                    v.request,
+                    KVBinding(
+                        v.request,
+                        ports,
+                        self.cache,
+                        v.past,
+                        new,
+                        mode,
+                        self.copied,
+                        self._sliced,
+                        grow,
+                    ),
+                )
+                for v in variants
             ]
 
         # every variant reads a view [0, past) of the same buffers: switching copies nothing
         self.prefill_variants = bound(
             [*requests.prefill_ladder, Variant(self.prefill_past, requests.prefill)],
+            self.prefill_layout,
             shapes.chunk,
             True,
         )
         self.generate_variants = bound(
-            [*requests.generate_ladder, Variant(shapes.generate_past, requests.generate)], 1, False
+            [*requests.generate_ladder, Variant(shapes.generate_past, requests.generate)],
+            self.layout,
+            1,
+            False,
         )
         self.prefill_binding = self.prefill_variants[-1].binding
         self.generate_binding = self.generate_variants[-1].binding
@@ -198,7 +221,22 @@ class StaticRunner(Runner):
             "generate_variants": [v.past for v in self.generate_variants],
             "prefill_pasts_used": list(self.prefill_pasts_used),
             "generate_past_used": self.generate_past_used,
+            # V stored [1, H, S, D] ("HSD") or transposed ("HDS"), by the generate models
+            # (the buffer) and by the prefill models; they differ only when the V rewrite
+            # matched one phase, and the switch then re-lays the prompt's V out
+            "v_layout": _v_layout(self.layout),
+            "prefill_v_layout": _v_layout(self.prefill_layout),
         }
+
+    def _hold(self, layout: KVLayout, start: int, stop: int) -> int:
+        """Have the V slots ``[start, stop)`` laid out as ``layout``'s models read them; the
+        bytes copied (none unless the two phases' layouts differ)."""
+        copied = 0
+        for port in layout.ports:
+            if self.cache.content_axis[port.input_name] != port.seq_axis:
+                name, axis = port.input_name, port.seq_axis
+                copied += self.cache.relayout(name, start, stop, axis, self.copied)
+        return copied
 
     # -- phases ------------------------------------------------------------------------------
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
@@ -215,6 +253,8 @@ class StaticRunner(Runner):
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
             self.prefix_store.save(self._cached, self.slots.first)
         plan, restore = self._plan(ids)
+        # the slots a continuation keeps, in the prefill models' layout (mixed layouts only)
+        self._hold(self.prefill_layout, plan.pad, plan.start if plan.cached and not restore else 0)
         self._cached = []  # a failure part-way leaves the cache in no state to reuse
         if restore:
             assert self.prefix_store is not None
@@ -282,6 +322,8 @@ class StaticRunner(Runner):
         self.generate_past_used = variant.past
         inputs = self.slots.step_inputs(int(token), variant.past)
         before = self.copied.bytes
+        if self._at_switch:  # the prompt's V in the generate models' layout (mixed only)
+            self._hold(self.layout, self.slots.first, self.slots.next)
         variant.binding.before(inputs.write_slots, inputs.write_slots[0])
         if self._at_switch:
             # roi mode: the generate request already reads the buffer prefill wrote (0 bytes);
