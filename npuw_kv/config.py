@@ -167,10 +167,10 @@ class PipelineConfig:
     npuw_devices: str = "CPU"
     num_threads: int = 0
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
-    # static models (NPU): prefill variants by past length ("auto": pyramid), generate
-    # variants by KV length (None: on), the embedding and LM head cut out and compiled once
-    # (None: on where the graph allows), V stored transposed [1, H, D, S] (None: see
-    # ``v_transposed``)
+    # static models (NPU): prefill variants by past length and generate variants by KV
+    # length ("auto" / None: the lean ladders, see StaticShapes), the embedding and LM head cut
+    # out and compiled once (None: on where the graph allows), V stored transposed
+    # [1, H, D, S] (None: see ``v_transposed``)
     prefill_attention: str = "auto"
     generate_pyramid: bool | None = None
     shared_head: bool | None = None
@@ -312,12 +312,12 @@ class PipelineConfig:
 
     @property
     def pyramid(self) -> bool:
-        """Prefill variants by past length on the static models (``auto``: yes)."""
+        """Prefill variants by past length on the static models (``auto``: the lean ladder)."""
         return self.use_static_models and self.prefill_attention != "static"
 
     @property
     def generate_variants(self) -> bool:
-        """Generate variants by KV length on the static models (None: yes)."""
+        """Generate variants by KV length on the static models (None: the lean ladder)."""
         return self.use_static_models and self.generate_pyramid is not False
 
     def v_transposed(self, real_npu: bool) -> bool:

@@ -18,13 +18,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
     context = trained_context(model_dir)
     core = ov.Core()
-    shapes = StaticShapes(
-        cfg.prefill_chunk_size,
-        cfg.max_prompt_len,
-        cfg.kv_capacity(context),
-        cfg.pyramid,
-        cfg.generate_variants,
-    )
+    shapes = StaticShapes.of(cfg, cfg.kv_capacity(context))
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
     window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
     _, layout = prepare(read_ir(core, model_dir), resolve_kv_precision(core, cfg), False, window)

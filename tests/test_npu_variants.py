@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.config import EXACT_F32
+from npuw_kv.config import EXACT_F32, PipelineConfig
+from npuw_kv.model.variants import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
 
 C = 16
@@ -24,10 +25,12 @@ def _ids(n: int, seed: int = 1) -> np.ndarray:
 
 def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=16, **NPU)
-    pyramid = LLMPipeline(tiny_dir, "NPU", **settings)
+    pyramid = LLMPipeline(tiny_dir, "NPU", prefill_attention="pyramid", **settings)
     static = LLMPipeline(tiny_dir, "NPU", prefill_attention="static", **settings)
+    lean = LLMPipeline(tiny_dir, "NPU", **settings)  # auto: one more model, at half the past
     assert pyramid.kv_stats()["prefill_variants"] == [0, 16, 32, 64, 112]
     assert static.kv_stats()["prefill_variants"] == [112]
+    assert lean.kv_stats()["prefill_variants"] == [64, 112]
 
     ids = _ids(90)  # 6 chunks, the first starting at slot 0 (6 pad slots)
     tokens = pyramid.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
@@ -38,6 +41,8 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     assert tokens == static.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
     assert static.kv_stats()["prefill_pasts_used"] == [112] * 6
     assert tokens == tiny_reference(ids, 12)
+    assert lean.generate(ids, max_new_tokens=12, ignore_eos=True).tokens == tokens
+    assert lean.kv_stats()["prefill_pasts_used"] == [64] * 5 + [112]
 
     # a continuation: its one chunk ends at slot 113, starting off the grid at 97
     longer = np.concatenate([ids, tokens, _ids(5, seed=2)])
@@ -51,6 +56,12 @@ def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
     pipe = LLMPipeline(tiny_dir, "NPU", **settings)
     assert pipe.kv_stats()["generate_variants"] == [1039, 1551]  # room for 1024 + 16, all
+    # at 4096 + 16 the full ladder has room for 1024, 2048 + 16 and all; auto keeps the first
+    for setting, expected in ((None, (1039, 4111)), ("YES", (1039, 2063, 4111))):
+        config = PipelineConfig.from_kwargs(
+            "NPU", max_prompt_len=4096, prefill_chunk_size=C, generate_pyramid=setting
+        )
+        assert StaticShapes.of(config, 4112).generate_pasts == expected
 
     short = _ids(40)
     assert pipe.generate(short, max_new_tokens=8, ignore_eos=True).tokens == tiny_reference(

@@ -252,6 +252,7 @@ def test_transposed_v_gives_the_same_tokens_and_copies_nothing(tiny_dir, tiny_re
     """Prompts crossing several pyramid prefill variants, answers crossing a generate variant:
     V transposed gives the reference's tokens and logits, with 0 bytes copied."""
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
+    settings["prefill_attention"] = "pyramid"  # the full ladder: many variants to cross
     plain = LLMPipeline(tiny_dir, "NPU", optimize_v_tensors="NO", **settings)
     pipe = LLMPipeline(tiny_dir, "NPU", NPUW_LLM_OPTIMIZE_V_TENSORS="YES", **settings)
     stats = pipe.kv_stats()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import openvino as ov
 
+from ..config import PipelineConfig
 from ..errors import ModelLayoutError, ModelLoadError
 from . import attention as A
 from . import transforms as T
@@ -30,6 +31,23 @@ class StaticShapes:
     total_len: int  # KV capacity: MAX_PROMPT_LEN + MIN_RESPONSE_LEN
     pyramid: bool = False  # prefill variants by past length (see prefill_pasts)
     generate_variants: bool = False  # generate variants by KV length (see generate_pasts)
+    # only the variants that pay for their memory (the "auto" defaults; see the two ladders)
+    lean_pyramid: bool = False
+    lean_generate: bool = False
+
+    @classmethod
+    def of(cls, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
+        """The shapes ``config`` asks for: ``auto`` ladders are the lean ones, an explicit
+        ``pyramid`` / ``generate_pyramid=YES`` the full ones."""
+        return cls(
+            config.prefill_chunk_size,
+            config.max_prompt_len,
+            kv_capacity,
+            config.pyramid,
+            config.generate_variants,
+            lean_pyramid=config.prefill_attention == "auto",
+            lean_generate=config.generate_pyramid is None,
+        )
 
     @property
     def prefill_past(self) -> int:
@@ -50,6 +68,13 @@ class StaticShapes:
         """
         if not self.pyramid:
             return (self.prefill_past,)
+        if self.lean_pyramid:
+            # one more model, at half the past: the first half of the chunks attend over at
+            # most half the slots, for one model's buffers (~40 MB) instead of ~6 at 4k
+            half = -(-self.prefill_past // 2 // self.chunk) * self.chunk
+            return (
+                (half, self.prefill_past) if 0 < half < self.prefill_past else (self.prefill_past,)
+            )
         pasts, past = [0], self.chunk
         while past < self.prefill_past:
             pasts.append(past)
@@ -75,6 +100,8 @@ class StaticShapes:
         while prompt + response - 1 < self.generate_past:
             pasts.append(prompt + response - 1)
             prompt *= 2
+        if self.lean_generate:  # the smallest only: short contexts gain most per model
+            pasts = pasts[:1]
         return (*pasts, self.generate_past)
 
 

@@ -93,13 +93,7 @@ def build_runner(
             )
             vocab = _vocab(request.get_compiled_model().output("logits"))
             return Built(paged_runner, config, vocab, None)
-    shapes = StaticShapes(
-        config.prefill_chunk_size,
-        config.max_prompt_len,
-        kv_capacity,
-        config.pyramid,
-        config.generate_variants,
-    )
+    shapes = StaticShapes.of(config, kv_capacity)
     prepared, layout = prepare(
         ir,
         resolve_kv_precision(core, config),
