@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .errors import (
@@ -17,6 +18,7 @@ __all__ = [
     "CapacityError",
     "CompileError",
     "DecodedResults",
+    "DraftModel",
     "EncodedResults",
     "GenerationConfig",
     "GenerationResult",
@@ -28,7 +30,12 @@ __all__ = [
     "PerfMetrics",
     "PipelineConfig",
     "TextResult",
+    "draft_model",
 ]
+if "openvino_genai" in sys.modules:  # its draft_model objects are opaque: record their paths
+    from .draft import record_genai_drafts
+
+    record_genai_drafts()
 _RESULTS = ("DecodedResults", "EncodedResults", "MeanStdPair", "PerfMetrics", "TextResult")
 
 
@@ -46,6 +53,10 @@ def __getattr__(name: str) -> Any:
         from .sampling import GenerationConfig
 
         return GenerationConfig
+    if name in ("draft_model", "DraftModel"):  # speculative decoding's draft
+        from . import draft
+
+        return getattr(draft, name)
     if name == "PipelineConfig":
         from .config import PipelineConfig
 

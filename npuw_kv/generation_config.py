@@ -16,22 +16,9 @@ import numpy as np
 SIZE_MAX = 2**64 - 1  # genai's "unset" for its size_t fields
 _UNSET_IS_SIZE_MAX = ("max_new_tokens", "max_length", "no_repeat_ngram_size")
 
-_BEAMS = "beam search is not implemented yet (npuw_kv runs greedy or multinomial sampling)"
-_ASSISTED = (
-    "assisted generation / prompt lookup is not implemented (it needs a draft model or "
-    "prompt-lookup decoding: use openvino_genai.LLMPipeline for it)"
-)
 _TREE = "tree search (EAGLE speculative decoding) is not implemented"
 # field -> (its default, why a non-default value is refused)
 _REFUSED: dict[str, tuple[Any, str]] = {
-    "num_beams": (1, _BEAMS),
-    "num_beam_groups": (1, _BEAMS),
-    "diversity_penalty": (0.0, _BEAMS),
-    "length_penalty": (1.0, _BEAMS),
-    "stop_criteria": ("heuristic", _BEAMS),
-    "num_assistant_tokens": (None, _ASSISTED),
-    "max_ngram_size": (0, _ASSISTED),
-    "assistant_confidence_threshold": (0.0, _ASSISTED),
     "tree_depth": (0, _TREE),
     "branching_factor": (1, _TREE),
     "adapters": (None, "LoRA adapters are not supported: merge the adapter into the model"),
@@ -79,6 +66,8 @@ class GenerationConfig:
     diversity_penalty: float = 0.0
     length_penalty: float = 1.0
     stop_criteria: str = "heuristic"  # or an openvino_genai.StopCriteria
+    # assisted generation: honoured by a pipeline made with prompt_lookup=True or
+    # draft_model=, refused by any other (npuw_kv/speculative.py)
     num_assistant_tokens: int | None = None
     max_ngram_size: int = 0
     assistant_confidence_threshold: float = 0.0
@@ -96,6 +85,15 @@ class GenerationConfig:
         self._check_bool("include_stop_str_in_output")
         for name in ("min_new_tokens", "top_k", "logprobs", "num_return_sequences"):
             self._check_int(name, low=1 if name == "num_return_sequences" else 0)
+        self._check_int("max_ngram_size", low=0)  # assisted generation (speculative.py)
+        self._check_number("assistant_confidence_threshold")
+        if self.num_assistant_tokens is not None:
+            self._check_int("num_assistant_tokens", low=0)
+        if not 0 <= self.assistant_confidence_threshold <= 1:
+            raise ValueError(
+                "assistant_confidence_threshold must be in [0, 1], got "
+                f"{self.assistant_confidence_threshold}"
+            )
         for name in ("max_new_tokens", "max_length", "no_repeat_ngram_size", "rng_seed"):
             if getattr(self, name) is not None:
                 self._check_int(name, low=0)
@@ -122,11 +120,7 @@ class GenerationConfig:
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
                 f"({self.max_new_tokens})"
             )
-        if self.num_return_sequences > 1 and not self.do_sample:
-            raise ValueError(
-                f"num_return_sequences={self.num_return_sequences} needs do_sample=True "
-                f"(independent samples); greedy gives one answer and {_BEAMS}"
-            )
+        self._check_beams()
         self.stop_strings = _string_set(self.stop_strings)
         self.stop_token_ids = _id_set(self.stop_token_ids)
         if self.eos_token_id is not None:
@@ -135,8 +129,42 @@ class GenerationConfig:
         self.parsers = list(self.parsers or [])  # sets and lists are copies: none shared
         for name, (default, why) in _REFUSED.items():
             value = getattr(self, name)
-            if value != default and not (name == "num_assistant_tokens" and value == 0):
+            if value != default:
                 raise ValueError(f"{name}={value!r} is not supported: {why}")
+
+    def _check_beams(self) -> None:
+        """Beam search settings, checked as genai's ``validate`` does (npuw_kv/beam_search)."""
+        for name in ("num_beams", "num_beam_groups"):
+            self._check_int(name, low=1)
+        for name in ("diversity_penalty", "length_penalty"):
+            self._check_number(name)
+        beams, groups = self.num_beams, self.num_beam_groups
+        if self.num_return_sequences > 1 and not self.do_sample and beams == 1:
+            raise ValueError(
+                f"num_return_sequences={self.num_return_sequences} needs do_sample=True "
+                "(independent samples) or num_beams > 1 (beam search)"
+            )
+        if beams == 1:
+            return
+        if self.do_sample:
+            raise ValueError(f"num_beams={beams} (beam search) cannot sample: set do_sample=False")
+        if beams % groups:
+            raise ValueError(f"num_beams ({beams}) must be divisible by num_beam_groups ({groups})")
+        if self.num_return_sequences > beams:
+            raise ValueError(
+                f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams ({beams})"
+            )
+        if (groups > 1) != (self.diversity_penalty != 0):
+            raise ValueError(
+                "diversity_penalty applies between beam groups: set it != 0 with "
+                f"num_beam_groups > 1 and 0 otherwise (got {self.diversity_penalty}, "
+                f"num_beam_groups={groups})"
+            )
+        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != (1.0 if name == "repetition_penalty" else 0.0):
+                raise ValueError(f"{name} is not supported by beam search (as in genai)")
+        if self.no_repeat_ngram_size == 0:
+            raise ValueError("no_repeat_ngram_size must be positive in beam search")
 
     def _check_bool(self, name: str) -> None:
         if not isinstance(getattr(self, name), (bool, np.bool_)):

@@ -96,14 +96,19 @@ class LogitsProcessor:
     def banned_ngram_ends(self, n: int) -> np.ndarray:
         """Tokens that would repeat an n-gram of prompt + output (as transformers' and genai's
         beam search): those that followed an earlier occurrence of the last n-1 tokens."""
-        history = np.asarray(self.history, np.int64)
-        if history.size < n:
-            return np.zeros(0, np.int64)
-        if n == 1:
-            return np.unique(history)
-        windows = sliding_window_view(history[:-1], n - 1)
-        hits = np.flatnonzero((windows == history[history.size - n + 1 :]).all(axis=1))
-        return history[hits + n - 1]
+        return banned_ngram_ends(self.history, n)
+
+
+def banned_ngram_ends(tokens: list[int], n: int) -> np.ndarray:
+    """Tokens that would repeat an n-gram of ``tokens`` (also beam search's, per beam)."""
+    history = np.asarray(tokens, np.int64)
+    if history.size < n:
+        return np.zeros(0, np.int64)
+    if n == 1:
+        return np.unique(history)
+    windows = sliding_window_view(history[:-1], n - 1)
+    hits = np.flatnonzero((windows == history[history.size - n + 1 :]).all(axis=1))
+    return history[hits + n - 1]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

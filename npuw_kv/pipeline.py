@@ -20,8 +20,10 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
+from . import speculative
 from .config import PipelineConfig
 from .decode import GenerationResult, Streamer, generate_sequences
+from .draft import record_genai_drafts
 from .errors import ModelLoadError
 from .inputs import (
     Prompt,
@@ -41,6 +43,7 @@ from .runtime.runner import Runner
 from .sampling import GenerationConfig
 
 T = TypeVar("T")
+record_genai_drafts()  # openvino_genai.draft_model objects become readable
 
 
 def _ids(encoded: Any) -> np.ndarray:
@@ -92,10 +95,12 @@ class LLMPipeline:
     ) -> None:
         started = time.perf_counter()
         given = pipeline_args(model, args, config)
+        assisted = speculative.take_settings(given.settings)  # prompt_lookup, draft_model
         settings = given.settings
         if given.scheduler_config is not None:
             settings = scheduler_settings(given.scheduler_config, given.device, settings)
         self.config = PipelineConfig.from_kwargs(given.device, **settings)
+        plan = speculative.plan(assisted, self.config)  # refused before compiling
         self._settings = dict(settings)  # as given, for messages
         # one call at a time: the runner, its KV cache and the chat history are one state
         self._lock = threading.Lock()
@@ -117,6 +122,7 @@ class LLMPipeline:
             del ir  # the device holds its own copy of the graph now
         self.runner: Runner = built.runner
         self.config, self.vocab_size, self.layout = built.config, built.vocab_size, built.layout
+        self._assisted = speculative.Assisted.build(plan, self, settings)
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
         if given.generation_config is not None:
             self.set_generation_config(given.generation_config)
@@ -293,6 +299,7 @@ class LLMPipeline:
         with self._exclusive():
             timer = CallTimer(self.load_time)
             config = self._call_config(generation_config, kwargs)
+            self._assisted.check(config)  # assisted-generation fields need prompt_lookup/draft
             request = read_inputs(inputs, self.vocab_size)
             check_request(request, config, streamer, self._history is not None)
             chat = self._history is not None and request.kind in ("text", "texts")
@@ -303,10 +310,11 @@ class LLMPipeline:
                 started = timer.now()
                 ids = self._prompt_ids(prompt, config, chat, timer)
                 timer.inputs += int(ids.size)
-                runner = timer.runner(self.runner)
+                runner = timer.runner(self._assisted.runner(self.runner, config))
                 answers = generate_sequences(
                     runner, self.tokenizer, ids, config, streamer, limit, self._constraint(config)
                 )
+                self._assisted.finish()  # speculative decoding: drop unused candidates' KV
                 timer.prompt_done(runner, started, answers, detokenizer)
                 results += answers
             if chat and self._history is not None and results[0].finish_reason != "cancelled":
@@ -358,4 +366,4 @@ class LLMPipeline:
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request."""
-        return self.runner.stats()
+        return {**self.runner.stats(), **self._assisted.stats()}

@@ -301,10 +301,13 @@ class CallTimer:
         counts from there); a ``tokenizer`` times the detokenization of each answer (None:
         token ids out, nothing to detokenize)."""
         sequences = cast(_TimedRunner, timed).sequences
-        for i, (result, (first, ends)) in enumerate(zip(results, sequences, strict=True)):
-            begin = started if i == 0 else first
-            self.raw.m_times_to_first_token.append(first - begin + 1e6 * result.ttft_s)
-            self.raw.m_durations.extend(np.diff(ends).tolist())
+        for i, result in enumerate(results):
+            # beam search prefills once for all its results: those after the first have none
+            if i < len(sequences):
+                first, ends = sequences[i]
+                begin = started if i == 0 else first
+                self.raw.m_times_to_first_token.append(first - begin + 1e6 * result.ttft_s)
+                self.raw.m_durations.extend(np.diff(ends).tolist())
             if tokenizer is not None:
                 with self.span("detokenization_durations"):
                     tokenizer.decode(result.tokens)

@@ -114,14 +114,6 @@ def test_round_trip_of_every_field_through_genai():
 @pytest.mark.parametrize(
     ("name", "value", "reason"),
     [
-        ("num_beams", 4, "beam search is not implemented"),
-        ("num_beam_groups", 2, "beam search is not implemented"),
-        ("diversity_penalty", 1.0, "beam search is not implemented"),
-        ("length_penalty", 0.5, "beam search is not implemented"),
-        ("stop_criteria", openvino_genai.StopCriteria.EARLY, "beam search is not implemented"),
-        ("num_assistant_tokens", 5, "prompt lookup"),
-        ("max_ngram_size", 3, "prompt lookup"),
-        ("assistant_confidence_threshold", 0.4, "assisted generation"),
         ("tree_depth", 2, "tree search"),
         ("branching_factor", 2, "tree search"),
         ("adapters", openvino_genai.AdapterConfig(), "LoRA"),
@@ -138,6 +130,19 @@ def test_unsupported_fields_are_refused_by_name(name, value, reason):
     setattr(theirs, name, value)
     with pytest.raises(ValueError, match=name):
         GenerationConfig.build(theirs)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("num_assistant_tokens", 5), ("assistant_confidence_threshold", 0.4)],
+)
+def test_assisted_fields_need_a_speculative_pipeline(pipe, count_ids, name, value):
+    """Assisted generation is honoured by a pipeline made with prompt_lookup / draft_model
+    (tests/test_speculative.py); any other refuses the field by name and stays usable."""
+    assert getattr(GenerationConfig(**{name: value}), name) == value
+    with pytest.raises(ValueError, match=f"{name}=.*prompt_lookup=True or draft_model"):
+        pipe.generate(np.array(count_ids), max_new_tokens=2, **{name: value})
+    assert len(pipe.generate(np.array(count_ids), max_new_tokens=2, ignore_eos=True).tokens) == 2
 
 
 @pytest.mark.parametrize(

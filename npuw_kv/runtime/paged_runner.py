@@ -32,7 +32,7 @@ from ..errors import CapacityError
 from ..kv.blocks import BlockManagerConfig, KVBlockManager, PoolKind, uniform_layers
 from ..kv.blocks.sequence import blocks_for, min_live_blocks
 from ..kv.paged_cache import PagedKVCache, PagedSpec
-from ..model.paged_rewrite import CACHE_PREFIXES, block_table_input, cache_inputs
+from ..model.paged_rewrite import CACHE_PREFIXES, LOGITS_ROWS, block_table_input, cache_inputs
 from .runner import ChunkHook, Runner
 
 
@@ -54,6 +54,9 @@ class PagedRunner(Runner):
         ``windows``: the attention window of each layer (None: full; default all full), whose
         block tables the model takes as ``block_table_input(window)``."""
         self.request = request
+        self._rows_input = any(
+            LOGITS_ROWS in i.get_names() for i in request.get_compiled_model().inputs
+        )
         self.kv_binding = "paged"
         # the device writes every token's KV into the cache in place: the host copies none
         # (only a prefix hit on a sliding-window block a live sequence holds moves a block)
@@ -109,6 +112,9 @@ class PagedRunner(Runner):
         # u8 blocks written one token at a time get other scales than a fresh prefill writes:
         # generated tokens' blocks are cached only for float KV, where they are the same
         self._store_steps = self.cache.precision in ("f32", "f16", "bf16")
+        # beam search (runtime/beam_tables.py): the most distinct KV blocks the beams of the
+        # last search held at once, and the bytes its copy-on-write block copies moved
+        self.beam_peak_blocks = self.beam_copied_bytes = 0
 
     def _new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
@@ -178,9 +184,11 @@ class PagedRunner(Runner):
             tables[name] = table
         return tables
 
-    def _infer(self, ids: np.ndarray, past: int) -> np.ndarray:
+    def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
         blocks = self.cache.blocks_for(total)
+        # the model's LM head runs on the last ``rows`` tokens (none: every token)
+        extra = {LOGITS_ROWS: np.array([rows], np.int64)} if self._rows_input else {}
         self.request.infer(
             {
                 "input_ids": ids,
@@ -190,6 +198,7 @@ class PagedRunner(Runner):
                 "block_indices_begins": np.array([0, blocks], np.int32),
                 "max_context_len": np.array(total, np.int32),
                 **self._tables(blocks),
+                **extra,
             }
         )
         logits = self.request.get_tensor("logits").data
@@ -242,6 +251,33 @@ class PagedRunner(Runner):
             self.blocks.add_token(self._seq, int(token), store=self._store_steps)
             logits = self._infer(np.array([token], np.int64), past)
         return logits[-1].copy()
+
+    # -- speculative decoding: several tokens checked in one call, the rejected ones dropped --
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` as one chunk; the logits after each of them, ``[n, vocab]``.
+
+        Row i predicts the token after ``tokens[i]``: a speculative decoder compares it with
+        candidate i + 1.  The KV of every token is written; :meth:`truncate` drops what the
+        decoder rejects.
+        """
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        if not 0 < ids.size <= self.chunk:
+            raise ValueError(f"verify takes 1 to {self.chunk} tokens, got {ids.size}")
+        if self.remaining_capacity < ids.size:
+            raise CapacityError.cache_full(self.capacity)
+        past = self.tokens_in_cache
+        with self._writing():
+            self.blocks.add_tokens(self._seq, ids.tolist(), store=self._store_steps)
+            logits = self._infer(ids, past, rows=int(ids.size))
+        return logits[-ids.size :].copy()
+
+    def truncate(self, length: int) -> None:
+        """Keep the KV of the sequence's first ``length`` tokens (at least the prompt's).  The
+        manager releases the blocks past it and takes every block no longer full out of the
+        reuse tree, so no rejected token's row is ever reused; the slots are overwritten by
+        the next call."""
+        if length < self.tokens_in_cache:  # the manager checks all before changing anything
+            self.blocks.truncate(self._seq, length)
 
     @contextmanager
     def _writing(self) -> Iterator[None]:

@@ -10,7 +10,7 @@ Both report the same accounting through :meth:`Runner.stats`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +27,12 @@ class CacheInfo(Protocol):
 
     def bytes_per_token(self) -> int: ...
 
+
+SPECULATIVE_PATH = (
+    "prompt_lookup and draft_model need the PagedAttention path (the CPU default, "
+    "attention_backend='pa'); the static-shape path (NPU, attention_backend='sdpa') runs "
+    "logits for one token per call"
+)
 
 # on_chunk(positions, logits): the logits rows of each prefill call and their positions
 ChunkHook = Callable[[np.ndarray, np.ndarray], None]
@@ -50,6 +56,15 @@ class Runner(ABC):
     @abstractmethod
     def step(self, token: int) -> np.ndarray:
         """Feed one generated token; the next logits."""
+
+    # speculative decoding (npuw_kv/speculative.py); only the PagedAttention runner has it
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` in one call; the logits after each of them, ``[n, vocab]``."""
+        raise ValueError(SPECULATIVE_PATH)
+
+    def truncate(self, length: int) -> None:
+        """Drop the KV of the sequence's tokens from ``length`` on."""
+        raise ValueError(SPECULATIVE_PATH)
 
     @property
     @abstractmethod

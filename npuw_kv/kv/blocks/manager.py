@@ -217,6 +217,22 @@ class KVBlockManager:
     def add_token(self, seq_id: Hashable, token: int, *, store: bool = True) -> None:
         self.add_tokens(seq_id, (token,), store=store)
 
+    def truncate(self, seq_id: Hashable, n_tokens: int) -> None:
+        """Keep only the first ``n_tokens`` tokens of a live sequence (rejected speculative
+        tokens).  The blocks past the new end are released and no longer-full block stays in
+        the reuse tree, so none is reused with rows that are overwritten next.  Only the
+        sequence's own live blocks can be cut (``ValueError`` otherwise, state untouched)."""
+        seq = self._get(seq_id)
+        if not 0 < n_tokens <= len(seq.tokens):
+            raise ValueError(f"cannot truncate {len(seq.tokens)} tokens to {n_tokens}")
+        for wm in self.windows.values():
+            why = wm.truncate_error(seq.serial, n_tokens)
+            if why is not None:
+                raise ValueError(f"cannot truncate sequence {seq_id!r} to {n_tokens}: {why}")
+        for wm in self.windows.values():
+            wm.truncate(seq.serial, n_tokens)
+        del seq.tokens[n_tokens:]
+
     def remove_sequence(self, seq_id: Hashable) -> None:
         """End a sequence: SWA groups store its blocks for reuse, all blocks are released."""
         seq = self._get(seq_id)

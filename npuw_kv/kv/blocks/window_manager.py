@@ -230,6 +230,44 @@ class WindowManager:
             self._drop_kept(seq)  # kept for storing, now stored or worthless
         del self.seqs[serial]
 
+    def truncate_error(self, serial: int, n_tokens: int) -> str | None:
+        """Why ``truncate(serial, n_tokens)`` cannot be done (None: it can).  Only the
+        sequence's own live blocks can be cut: a shared or detached one holds rows other
+        sequences (or none) read."""
+        seq = self.seqs[serial]
+        if seq.first_live > detached_after(n_tokens + 1, self.window, self.tpb, 0):
+            return f"window {self.window} already released blocks token {n_tokens} reads"
+        first = max(n_tokens // self.tpb, 0)
+        for idx in range(first, len(seq.table)):
+            block = seq.table[idx]
+            if idx < seq.first_live or block is None or block.ref_count != 1:
+                return f"block {idx} of window {self.window} is detached or shared"
+        return None
+
+    def truncate(self, serial: int, n_tokens: int) -> None:
+        """Drop the sequence's tokens from ``n_tokens`` on (speculative decoding's rejected
+        candidates): blocks past the new end are released, and every block that is no longer
+        full leaves the reuse tree, since its rows are about to be overwritten."""
+        seq = self.seqs[serial]
+        full, keep = n_tokens // self.tpb, blocks_for(n_tokens, self.tpb)
+        for idx in range(full, len(seq.table)):
+            block = seq.table[idx]
+            assert block is not None
+            if block.node is not None:
+                assert self.tree is not None
+                for lost in self.tree.evict(block):
+                    if lost.queue_level is not None and lost.queue_level != EMPTY_LEVEL:
+                        self.pools[lost.pool].queue.requeue(lost, EMPTY_LEVEL)
+            if idx >= keep:
+                self._release(seq, block, idx, final=True)
+        del seq.table[keep:]
+        del seq.gens[keep:]
+        if seq.stored_depth > full:  # stored again from the last full block as it refills
+            node = seq.stored_node
+            for _ in range(seq.stored_depth - full):
+                node = node.parent if node is not None else None
+            seq.stored_depth, seq.stored_node = full, node if full else None
+
     # ---- internals -----------------------------------------------------------------------
     def _grow(self, seq: SeqBlocks, tokens: Sequence[int], n_from: int, n_to: int) -> None:
         if n_to <= n_from:

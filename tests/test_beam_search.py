@@ -1,0 +1,163 @@
+"""Beam search on the PagedAttention path: openvino-genai's sequences and scores, with the
+beams sharing the prompt's KV blocks.
+
+References come from genai's own CPU pipeline on SmolLM2, both exact f32 with f32 KV, running
+the same config (ours converted with ``to_genai``).  genai's tokens end with the stop token of
+a hypothesis that stopped; ours leave it out (its log-prob is in the score, as in genai's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+import pytest
+from conftest import make_pipe
+
+from npuw_kv.config import EXACT_F32
+from npuw_kv.generation_config import GenerationConfig
+from npuw_kv.kv.blocks.sequence import blocks_for
+
+BEAMS = {"num_beams": 4, "num_return_sequences": 4, "max_new_tokens": 16}
+SCORE_TOL = 1e-5  # float32 sums of log-probs; measured differences are <= 1.2e-7
+
+
+@pytest.fixture(scope="module")
+def pipe(smol_dir):
+    return make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
+
+
+@pytest.fixture(scope="module")
+def genai_pipe(smol_dir):
+    return openvino_genai.LLMPipeline(str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
+
+
+@pytest.fixture(scope="module")
+def both(pipe, genai_pipe):
+    """``both(ids, **settings)``: (genai's EncodedResults, ours) for the same config."""
+    eos = pipe.tokenizer.get_eos_token_id()
+
+    def run(ids, **settings):
+        config = GenerationConfig.build(pipe.get_generation_config(), **settings)
+        tensor = ov.Tensor(np.array([ids], np.int64))
+        theirs = genai_pipe.generate(tensor, config.to_genai())
+        ours = pipe.generate(tensor, config)
+        tokens = [[int(t) for t in seq] for seq in theirs.tokens]
+        tokens = [seq[:-1] if seq and seq[-1] == eos else seq for seq in tokens]
+        return (tokens, list(theirs.scores)), ours
+
+    return run
+
+
+def assert_same(theirs, ours) -> None:
+    tokens, scores = theirs
+    assert ours.tokens == tokens
+    np.testing.assert_allclose(ours.scores, scores, rtol=0, atol=SCORE_TOL)
+
+
+@pytest.fixture(scope="module")
+def chat_ids(pipe):
+    return lambda text: pipe.encode(text).tolist()
+
+
+@pytest.mark.parametrize("length", [16, 200, 500])
+def test_beams_give_genai_sequences_and_scores(both, text_ids, length):
+    theirs, ours = both(text_ids(length).tolist(), **BEAMS)
+    assert len(ours.tokens) == 4
+    assert_same(theirs, ours)
+    assert ours.scores == sorted(ours.scores, reverse=True)  # best first, as genai
+
+
+def test_group_beam_search_with_diversity_matches_genai(both, chat_ids):
+    ids = chat_ids("Write a short poem about the sea.")
+    plain = both(ids, **BEAMS)[1]
+    theirs, ours = both(ids, **BEAMS, num_beam_groups=2, diversity_penalty=1.0)
+    assert_same(theirs, ours)
+    assert ours.tokens != plain.tokens  # the second group is pushed off the first's tokens
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {
+            "length_penalty": 0.3,
+            "stop_criteria": "early",
+            "num_beams": 3,
+            "num_return_sequences": 2,
+        },
+        {"length_penalty": 2.0, "stop_criteria": "never", "no_repeat_ngram_size": 3},
+        {"length_penalty": 0.0, "stop_criteria": "heuristic"},
+    ],
+)
+def test_length_penalty_and_stop_criteria_as_genai(both, chat_ids, settings):
+    """An answer that ends at EOS early: finished hypotheses compete with running beams."""
+    ids = chat_ids("Say only the word yes.")
+    default = both(ids, **{**BEAMS, "max_new_tokens": 20})[1]
+    theirs, ours = both(ids, **{**BEAMS, "max_new_tokens": 20, **settings})
+    assert_same(theirs, ours)
+    assert (ours.tokens, ours.scores) != (default.tokens, default.scores)
+
+
+def test_a_batch_of_prompts_gives_each_its_beams(pipe, genai_pipe):
+    prompts = ["Hi", "What is 2+2?"]
+    config = GenerationConfig.build(
+        pipe.get_generation_config(), num_beams=3, num_return_sequences=3, max_new_tokens=8
+    )
+    ours = pipe.generate(prompts, config)
+    theirs = genai_pipe.generate(prompts, config.to_genai())
+    assert len(ours.texts) == 6 and ours.texts == theirs.texts
+    np.testing.assert_allclose(ours.scores, theirs.scores, rtol=0, atol=SCORE_TOL)
+
+
+def test_beams_share_the_prompt_blocks_and_copy_on_write(pipe, text_ids, genai_reference):
+    """The prompt's full blocks are in every beam's table once, not once per beam; a beam
+    forked from another copies only the block it will write next.  The cache stays usable."""
+    ids = text_ids(500)
+    runner = pipe.runner
+    copied = runner.host_bytes_copied
+    greedy = pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+    pipe.generate(ids, num_beams=4, max_new_tokens=16)
+    size = runner.cache.block_size
+    prompt_full = len(ids) // size
+    tail = blocks_for(len(ids) + 16, size) - prompt_full  # one beam's own blocks at most
+    assert blocks_for(len(ids) + 1, size) <= runner.beam_peak_blocks <= prompt_full + 4 * tail
+    assert runner.beam_peak_blocks < 2 * blocks_for(len(ids), size)  # not 4 x the prompt
+    assert runner.beam_copied_bytes > 0
+    assert runner.host_bytes_copied - copied == runner.beam_copied_bytes
+    # the next call starts from a valid cache: the same greedy tokens as before, and genai's
+    assert (
+        pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+        == greedy
+        == genai_reference(ids, 8)
+    )
+
+
+def test_static_path_refuses_beams_and_stays_usable(smol_dir, text_ids):
+    static = make_pipe(smol_dir, "CPU", attention_backend="sdpa")
+    ids = text_ids(16)
+    before = static.generate(ids, max_new_tokens=6).tokens
+    with pytest.raises(ValueError, match="num_beams.*PagedAttention"):
+        static.generate(ids, num_beams=2, max_new_tokens=6)
+    assert static.generate(ids, max_new_tokens=6).tokens == before
+
+
+def test_streamer_is_refused_with_beams(pipe, text_ids):
+    with pytest.raises(ValueError, match="streamer.*num_beams=2"):
+        pipe.generate(text_ids(16), num_beams=2, max_new_tokens=4, streamer=lambda s: None)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num_beams": 2, "num_return_sequences": 3}, "num_return_sequences .3. must be <="),
+        ({"num_beams": 4, "num_beam_groups": 3}, "divisible by num_beam_groups"),
+        ({"num_beams": 4, "num_beam_groups": 2}, "diversity_penalty"),
+        ({"num_beams": 4, "diversity_penalty": 1.0}, "diversity_penalty"),
+        ({"num_beams": 2, "do_sample": True}, "cannot sample"),
+        ({"num_beams": 2, "repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"num_return_sequences": 2}, "needs do_sample=True .* or num_beams > 1"),
+    ],
+)
+def test_beam_settings_are_checked_as_genai(settings, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationConfig(**settings)

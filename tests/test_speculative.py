@@ -1,0 +1,256 @@
+"""Prompt-lookup and speculative decoding (npuw_kv/speculative.py) on SmolLM2, exact f32.
+
+The main model checks the chosen token and K candidates in one PagedAttention call; a token
+the sampler takes from those rows costs no call of its own.  So the answer must be plain
+decoding's token for token, with fewer main-model calls than tokens when candidates are good,
+and the KV cache must hold afterwards exactly what plain decoding leaves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openvino_genai
+import pytest
+from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe, make_tiny_gguf
+
+import npuw_kv
+from npuw_kv import LLMPipeline
+from npuw_kv.config import EXACT_F32
+from npuw_kv.model.source import resolve_model
+
+SETTINGS = dict(
+    prefill_chunk_size=CHUNK,
+    max_prompt_len=MAX_PROMPT,
+    min_response_len=MIN_RESPONSE,
+    attention_backend="pa",
+    kv_precision="f32",
+    **EXACT_F32,
+)
+CODE = (
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
+    "def mul(a, b):\n    return a * b\n\n"
+)
+LOOKUP = {"num_assistant_tokens": 5, "max_ngram_size": 3}
+
+
+@pytest.fixture(scope="module")
+def plain(smol_dir):
+    return make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
+
+
+@pytest.fixture(scope="module")
+def lookup(smol_dir):
+    return LLMPipeline(smol_dir, "CPU", prompt_lookup=True, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def good_draft(smol_dir):
+    """The unchanged speculative_decoding_lm.py sample's draft: genai's own object."""
+    draft = openvino_genai.draft_model(str(smol_dir), "CPU")
+    return LLMPipeline(smol_dir, "CPU", draft_model=draft, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def bad_draft(smol_dir, tmp_path_factory):
+    """A tiny random Llama with SmolLM2's vocabulary: its guesses are mostly wrong."""
+    root = tmp_path_factory.mktemp("draft")
+    gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=5, dtype="Q8_0")
+    tiny = resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
+    return LLMPipeline(smol_dir, "CPU", draft_model=npuw_kv.draft_model(tiny, "CPU"), **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def code_ids(plain):
+    return plain.encode("Repeat this code exactly:\n" + CODE).tolist()
+
+
+@pytest.fixture(scope="module")
+def greedy(plain, code_ids):
+    """Plain greedy answer to ``code_ids`` (40 tokens; a shorter budget gives its prefix)."""
+    return plain.generate(code_ids, max_new_tokens=40, ignore_eos=True).tokens
+
+
+def count_infers(pipe, monkeypatch) -> list[int]:
+    """Count the main model's inferences (each prefill chunk, step or verify call)."""
+    calls: list[int] = []
+    infer = pipe.runner._infer
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return infer(*args, **kwargs)
+
+    monkeypatch.setattr(pipe.runner, "_infer", counted)
+    return calls
+
+
+def test_prompt_lookup_gives_greedy_tokens_in_fewer_calls(greedy, lookup, code_ids, monkeypatch):
+    want = greedy
+    calls = count_infers(lookup, monkeypatch)
+    got = lookup.generate(code_ids, max_new_tokens=40, ignore_eos=True, **LOOKUP)
+    assert got.tokens == want
+    stats = lookup.kv_stats()["speculative"]
+    assert stats["accepted"] > 10 and stats["verify_calls"] == len(calls) - 1  # 1: prefill
+    assert len(calls) - 1 < len(want) - 1  # plain decoding: one call per token after the first
+    assert stats["verify_calls"] + stats["accepted"] == len(want) - 1
+    assert lookup.kv_stats()["tokens_in_cache"] == len(code_ids) + len(want) - 1
+
+
+@pytest.mark.parametrize("draft", ["good_draft", "bad_draft"])
+def test_draft_model_gives_greedy_tokens(request, greedy, code_ids, draft):
+    pipe = request.getfixturevalue(draft)
+    want = greedy[:24]
+    got = pipe.generate(code_ids, max_new_tokens=24, ignore_eos=True, num_assistant_tokens=4)
+    assert got.tokens == want
+    stats = pipe.kv_stats()["speculative"]
+    if draft == "good_draft":  # the same model: every guess right, 5 tokens a call
+        assert stats["acceptance_rate"] == 1.0 and stats["verify_calls"] <= 5
+    else:
+        assert stats["acceptance_rate"] < 0.5 and stats["candidates"] > 20
+    pipe.runner.blocks.check_invariants()
+
+
+def test_draft_confidence_threshold(greedy, good_draft, code_ids):
+    want = greedy[:16]
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = 16, True
+    config.assistant_confidence_threshold = 0.4
+    assert good_draft.generate(code_ids, config).tokens == want
+    assert good_draft.kv_stats()["speculative"]["accepted"] > 0
+
+
+def test_unchanged_sample_contract(plain, lookup, smol_dir):
+    """prompt_lookup_decoding_lm.py: a text prompt and genai's GenerationConfig, streamed."""
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 30
+    config.num_assistant_tokens = 5
+    config.max_ngram_size = 3
+    prompt = "Repeat this code exactly:\n" + CODE
+    pieces: list[str] = []
+    text = lookup.generate(prompt, config, pieces.append)
+    assert text == plain.generate(prompt, max_new_tokens=30) == "".join(pieces)
+    assert lookup.kv_stats()["speculative"]["accepted"] > 0
+    with pytest.raises(ValueError, match="num_assistant_tokens and max_ngram_size"):
+        lookup.generate(prompt, max_new_tokens=4)  # as genai: prompt lookup needs both
+
+
+def test_genai_draft_made_before_npuw_kv_is_refused_clearly(smol_dir):
+    """genai's draft_model returns an opaque OVAny (a C++ ModelDesc: no path readable);
+    npuw_kv records what the ones made after its import were made from."""
+    made_unrecorded = openvino_genai.draft_model.__wrapped__(str(smol_dir), "CPU")
+    with pytest.raises(ValueError, match="cannot be read.*npuw_kv.draft_model"):
+        LLMPipeline(smol_dir, "CPU", draft_model=made_unrecorded, **SETTINGS)
+
+
+def test_kv_after_speculation_serves_a_continuation(plain, lookup, code_ids, greedy):
+    """A prompt that continues the speculated one (prompt + answer + more) reuses its blocks
+    and gives the tokens of a pipeline that never speculated: no rejected candidate's KV is
+    left behind."""
+    answer = lookup.generate(code_ids, max_new_tokens=40, ignore_eos=True, **LOOKUP).tokens
+    assert answer == greedy
+    lookup.runner.blocks.check_invariants()
+    more = plain.encode("\nNow write div.", template=False).tolist()
+    follow = code_ids + answer + more
+    got = lookup.generate(follow, max_new_tokens=12, ignore_eos=True, **LOOKUP)
+    assert lookup.runner.reused_tokens > len(code_ids)  # the answer's blocks too
+    assert got.tokens == plain.generate(follow, max_new_tokens=12, ignore_eos=True).tokens
+
+
+def test_truncate_forgets_rejected_blocks(lookup, plain, text_ids):
+    """Candidates verified across a block boundary, then rejected: the block they filled is
+    not reusable, and the next tokens' logits are a fresh run's."""
+    runner = lookup.runner
+    ids = np.array(text_ids(40))
+    runner.prefill(ids)
+    junk = list(range(1000, 1040))  # fills block 1 (tokens 32..63) with rejected tokens
+    runner.verify(junk[:CHUNK])
+    assert runner.blocks.lookup([*ids, *junk, 0]).hit_tokens == 64
+    runner.truncate(len(ids))
+    assert runner.blocks.lookup([*ids, *junk, 0]).hit_tokens == 32  # the prompt's full block
+    runner.blocks.check_invariants()
+    follow = text_ids(60)[40:]
+    rows = runner.verify(follow)
+    fresh = plain.runner.prefill(np.array(text_ids(60)))
+    np.testing.assert_allclose(rows[-1], fresh, atol=1e-3)
+
+
+def test_stops_and_budget_inside_accepted_runs(plain, lookup, code_ids):
+    """A stop string or the budget inside a run of accepted candidates ends the answer as
+    plain decoding does, and the cache keeps only what plain decoding leaves."""
+    for settings in ({"stop_strings": {"a * b"}}, {"max_new_tokens": 15}):
+        args = {"max_new_tokens": 40, "ignore_eos": True, **settings}
+        want = plain.generate(code_ids, **args)
+        pieces: list[str] = []
+        got = lookup.generate(code_ids, streamer=pieces.append, **args, **LOOKUP)
+        assert (got.tokens, got.text, got.finish_reason) == (
+            want.tokens,
+            want.text,
+            want.finish_reason,
+        )
+        assert "".join(pieces) == want.text
+        assert lookup.kv_stats()["tokens_in_cache"] == plain.kv_stats()["tokens_in_cache"]
+        stats = lookup.kv_stats()["speculative"]
+        assert stats["accepted"] >= 3
+
+
+def test_sampling_draws_what_plain_sampling_draws(plain, lookup, code_ids):
+    """Each token is drawn from the main model's own logits row, one draw per token: with a
+    seed the answer is plain sampling's."""
+    args = {"max_new_tokens": 24, "ignore_eos": True, "do_sample": True, "rng_seed": 7}
+    args |= {"temperature": 0.7}
+    assert (
+        lookup.generate(code_ids, **args, **LOOKUP).tokens
+        == plain.generate(code_ids, **args).tokens
+    )
+
+
+def test_static_path_refuses_by_name(smol_dir, code_ids):
+    with pytest.raises(ValueError, match="prompt_lookup: .*PagedAttention"):
+        LLMPipeline(smol_dir, "CPU", prompt_lookup=True, attention_backend="sdpa")
+    with pytest.raises(ValueError, match="draft_model: .*PagedAttention"):
+        LLMPipeline(smol_dir, "NPU", draft_model=npuw_kv.draft_model(smol_dir))
+    static = make_pipe(smol_dir, "CPU", attention_backend="sdpa")
+    with pytest.raises(ValueError, match="num_assistant_tokens=5 needs assisted generation"):
+        static.generate(code_ids, max_new_tokens=4, **LOOKUP)
+    assert len(static.generate(code_ids, max_new_tokens=3, ignore_eos=True).tokens) == 3
+
+
+@pytest.mark.parametrize("windows", [[None, None], [8, None]])
+def test_block_manager_truncate(windows):
+    """``KVBlockManager.truncate``: blocks past the end are freed, a block no longer full
+    leaves the reuse tree, every invariant holds (full and sliding-window groups), and
+    cutting into a block another sequence shares is refused untouched."""
+    from npuw_kv.kv.blocks import BlockManagerConfig, KVBlockManager, uniform_layers
+
+    config = BlockManagerConfig(
+        layers=uniform_layers(windows, 2, 16),
+        max_seq_len=64,
+        primary_blocks={w or 64: 40 for w in windows},
+        tokens_per_block=4,
+        max_tokens_per_call=16,
+    )
+    manager = KVBlockManager(config, copy_slots=lambda *args: None)
+    prompt, junk = list(range(10)), [100, 101, 102, 103, 104, 105]
+    manager.add_sequence("a", prompt)
+    manager.add_tokens("a", junk)  # 16 tokens: block 2 (8..11) holds rejected ones
+    manager.truncate("a", 11)
+    manager.check_invariants()
+    assert manager.num_tokens("a") == 11 and len(manager.block_table("a", 64)) == 3
+    manager.add_tokens("a", [7] * 5)
+    manager.remove_sequence("a")
+    manager.check_invariants()
+    assert manager.lookup([*prompt, *junk, 0]).hit_tokens == 8  # never the rejected block
+    assert manager.lookup([*prompt, 100, *[7] * 5, 0]).hit_tokens == 16
+    manager.add_sequence("b", [*prompt, 100, *[7] * 5, 9])  # claims the cached blocks
+    manager.add_sequence("c", [*prompt, 100, *[7] * 5, 9])
+    if windows[0] is None:  # full attention: b's and c's hit blocks are shared
+        with pytest.raises(ValueError, match="detached or shared"):
+            manager.truncate("b", 10)
+    manager.truncate("c", 17)
+    manager.check_invariants()
+    if windows[0] is not None:  # the window moved past blocks an earlier token still reads
+        for token in range(12):
+            manager.add_token("c", token)
+        with pytest.raises(ValueError, match="already released blocks token 17 reads"):
+            manager.truncate("c", 17)
+        manager.truncate("c", 28)
+        manager.check_invariants()
