@@ -98,6 +98,20 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(line)
 
 
+class RecordingRequest:
+    """An infer request that only records the tensors it is given (KVBinding tests)."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, ov.Tensor] = {}
+        self.outputs: dict[int, ov.Tensor] = {}
+
+    def set_tensor(self, name: str, tensor: ov.Tensor) -> None:
+        self.inputs[name] = tensor
+
+    def set_output_tensor(self, index: int, tensor: ov.Tensor) -> None:
+        self.outputs[index] = tensor
+
+
 def make_pipe(smol_dir: Path, device: str, **extra) -> LLMPipeline:
     """One pipeline per configuration for the whole session (compiling costs seconds)."""
     key = (device, tuple(sorted(extra.items())))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 import pytest
+from conftest import RecordingRequest
 
 from npuw_kv.config import EXACT_F32
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
@@ -35,18 +36,6 @@ PROMPT = (np.arange(40, dtype=np.int64) * 7919 + 11) % 49000 + 100  # 3 chunks, 
 
 
 # -- KVBinding alone: a request that only records what it is given ---------------------------
-class RecordingRequest:
-    def __init__(self) -> None:
-        self.inputs: dict[str, ov.Tensor] = {}
-        self.outputs: dict[int, ov.Tensor] = {}
-
-    def set_tensor(self, name: str, tensor: ov.Tensor) -> None:
-        self.inputs[name] = tensor
-
-    def set_output_tensor(self, index: int, tensor: ov.Tensor) -> None:
-        self.outputs[index] = tensor
-
-
 def bind(heads: int, mode: str, past: int, new: int, capacity: int = 12):
     cache = SharedKVCache([KVSpec("k", heads, 4), KVSpec("v", heads, 4)], capacity, "f32")
     for i, buf in enumerate(cache.buffers.values()):

@@ -15,6 +15,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 import pytest
+from conftest import RecordingRequest
 
 from npuw_kv.config import EXACT_F32, PipelineConfig
 from npuw_kv.errors import ModelLayoutError
@@ -153,18 +154,6 @@ def test_setting_is_refused_where_there_are_no_static_models(device, settings, r
 
 
 # -- the buffer, the guard, the copy between layouts ----------------------------------------
-class RecordingRequest:
-    def __init__(self) -> None:
-        self.inputs: dict[str, ov.Tensor] = {}
-        self.outputs: dict[int, ov.Tensor] = {}
-
-    def set_tensor(self, name: str, tensor: ov.Tensor) -> None:
-        self.inputs[name] = tensor
-
-    def set_output_tensor(self, index: int, tensor: ov.Tensor) -> None:
-        self.outputs[index] = tensor
-
-
 def test_contiguous_guard_stages_every_transposed_v_slot_range():
     """One KV head: K's slot ranges are dense, V^T's never are (each of D rows is cut) but the
     whole buffer; the guard binds K directly and stages V."""
