@@ -237,9 +237,15 @@ def beam_search(
     ids: np.ndarray,
     config: GenerationConfig,
     position_limit: int | None = None,
+    streamer: Any = None,
+    make_constraint: Any = None,
 ) -> list[GenerationResult]:
     """Beam search over ``ids``: the prompt is prefilled once, then every step runs all live
     beams in one PagedAttention call.  ``num_return_sequences`` results, best first."""
+    if streamer is not None:  # as genai: its streamer takes greedy / sampled tokens only
+        raise ValueError(f"a streamer cannot follow beam search (num_beams={config.num_beams})")
+    if make_constraint is not None:
+        raise ValueError("structured output is not supported with num_beams > 1")
     paged = beam_runner(runner)  # refuses the static-shape path before any work
     budget = config.new_token_budget(int(ids.size))
     stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)

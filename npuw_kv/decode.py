@@ -154,14 +154,8 @@ def generate_sequences(
     n = config.num_return_sequences
     if n > 1 and streamer is not None:
         raise ValueError(f"a streamer takes one sequence, not num_return_sequences={n}")
-    if config.num_beams > 1:  # beam search: npuw_kv/beam_search.py
-        from .beam_search import beam_search
-
-        if streamer is not None:  # as genai: its streamer takes greedy / sampled tokens only
-            raise ValueError(f"a streamer cannot follow beam search (num_beams={config.num_beams})")
-        if make_constraint is not None:
-            raise ValueError("structured output is not supported with num_beams > 1")
-        return beam_search(runner, tokenizer, ids, config, position_limit)
+    if config.num_beams > 1:  # the pipeline sends these to npuw_kv.beam_search
+        raise ValueError(f"num_beams={config.num_beams}: beam search is beam_search.beam_search's")
     rng = np.random.default_rng(config.rng_seed)
     return [
         generate_tokens(

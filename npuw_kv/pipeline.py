@@ -21,6 +21,7 @@ import openvino as ov
 import openvino_genai
 
 from . import speculative
+from .beam_search import beam_search
 from .config import PipelineConfig
 from .decode import GenerationResult, Streamer, generate_sequences
 from .draft import record_genai_drafts
@@ -311,8 +312,15 @@ class LLMPipeline:
                 ids = self._prompt_ids(prompt, config, chat, timer)
                 timer.inputs += int(ids.size)
                 runner = timer.runner(self._assisted.runner(self.runner, config))
-                answers = generate_sequences(
-                    runner, self.tokenizer, ids, config, streamer, limit, self._constraint(config)
+                search = beam_search if config.num_beams > 1 else generate_sequences
+                answers = search(
+                    runner,
+                    self.tokenizer,
+                    ids,
+                    config,
+                    streamer=streamer,
+                    position_limit=limit,
+                    make_constraint=self._constraint(config),
                 )
                 self._assisted.finish()  # speculative decoding: drop unused candidates' KV
                 timer.prompt_done(runner, started, answers, detokenizer)
