@@ -23,17 +23,16 @@ import numpy as np
 import pytest
 
 from npuw_kv import ModelSourceError
-from npuw_kv.model import source
+from npuw_kv.model import ir_cache, source
 from npuw_kv.model.gguf_check import check_gguf
-from npuw_kv.model.source import (
+from npuw_kv.model.ir_cache import (
     CONVERT_PREFIX,
     LOCK_FILE,
     SOURCE_INFO,
     STALE_AFTER_S,
-    default_gguf,
     remove_stale_conversions,
-    resolve_model,
 )
+from npuw_kv.model.source import default_gguf, resolve_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402
@@ -252,7 +251,7 @@ def test_stale_rules(tmp_path):
     live = work_folder(cache, "live", age_s=10 * STALE_AFTER_S)
     young = work_folder(cache, "young")
     old = work_folder(cache, "old", age_s=2 * STALE_AFTER_S)
-    with source._conversion_lock(live):
+    with ir_cache._conversion_lock(live):
         assert (live / LOCK_FILE).is_file()
         assert remove_stale_conversions(cache) == [old]
         assert live.is_dir() and young.is_dir()
@@ -285,7 +284,7 @@ def test_conversion_after_a_crash_cleans_up_and_converts(tiny, tmp_path):
     ir = resolve_model(tiny, cache_dir=cache, log=quiet)
 
     assert leftovers(cache) == [young]  # an unlocked folder may still be starting up
-    assert all((ir / f).is_file() for f in source.IR_FILES + source.TOKENIZER_FILES)
+    assert all((ir / f).is_file() for f in ir_cache.IR_FILES + ir_cache.TOKENIZER_FILES)
     assert not (ir / LOCK_FILE).exists() and not (ir / tiny.name).exists()
     info = json.loads((ir / SOURCE_INFO).read_text())
     assert info["context_length"] == 2048

