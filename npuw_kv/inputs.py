@@ -228,6 +228,11 @@ def pipeline_args(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
         if key in props and props[key] is not value and props[key] != value:
             raise ValueError(f"{key} given twice, as {value!r} and {props[key]!r}")
         props[key] = value
+    if props.get("adapters") is not None:  # genai's LoRA, registered at construction
+        raise ValueError(
+            "adapters: LoRA adapters are not supported: merge the adapter into the model"
+        )
+    props.pop("adapters", None)
     out.scheduler_config = props.pop("scheduler_config", None)
     out.settings = props
     return out

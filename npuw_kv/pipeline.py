@@ -303,6 +303,9 @@ class LLMPipeline:
             self._assisted.check(config)  # assisted-generation fields need prompt_lookup/draft
             request = read_inputs(inputs, self.vocab_size)
             check_request(request, config, streamer, self._history is not None)
+            parsing = streamer if isinstance(streamer, openvino_genai.TextParserStreamer) else None
+            if parsing is not None:  # as genai: its parsers and message start afresh every call
+                parsing.reset()
             chat = self._history is not None and request.kind in ("text", "texts")
             detokenizer = None if request.kind in ("ids", "encoded") else self.tokenizer
             limit = self.trained_context[0] if self.trained_context else None
@@ -337,7 +340,10 @@ class LLMPipeline:
                 return EncodedResults(results, metrics)
             if request.kind == "text" and len(results) == 1:
                 return TextResult.of(results[0], metrics)
-            return DecodedResults(results, metrics)
+            decoded = DecodedResults(results, metrics)
+            if parsing is not None:  # as genai: the message its parsers built from the answer
+                decoded.parsed = [parsing.get_parsed_message()]
+            return decoded
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """``pipe(inputs, ...)`` is ``pipe.generate(inputs, ...)``, as in openvino-genai."""

@@ -82,6 +82,15 @@ class TextSink:
             self(text[len(done) :])
 
 
+def _write(streamer: Any, token: int) -> Any:
+    """Hand one token to a token-level streamer."""
+    if isinstance(streamer, openvino_genai.TextParserStreamer):
+        # its Python ``write`` takes the parsed message: tokens go in through ``_write``, which
+        # decodes them and runs its parsers first (what genai's pipeline calls)
+        return streamer._write([token])
+    return streamer.write(token)
+
+
 # what a streamer may return to end generation early (``CANCEL`` also drops the chat turn)
 _STOPS = (
     openvino_genai.StreamingStatus.STOP,
@@ -127,7 +136,7 @@ class TokenOutput:
         if self.echo:
             tokens, upto = self.echo + tokens, upto + len(self.echo)
         while self.streamer is not None and self.halted is None and self.streamed < upto:
-            status = self.streamer.write(tokens[self.streamed])
+            status = _write(self.streamer, tokens[self.streamed])
             self.streamed += 1
             if status == openvino_genai.StreamingStatus.CANCEL:
                 self.halted = "cancelled"

@@ -247,6 +247,63 @@ def test_bad_constructor_arguments_are_refused(smol_dir):
         LLMPipeline(smol_dir, "CPU", "f32")
 
 
+def test_lora_adapters_at_construction_are_refused_by_name(smol_dir):
+    # genai registers LoRA adapters in the constructor; we refuse them before compiling
+    with pytest.raises(ValueError, match="adapters: LoRA adapters are not supported"):
+        LLMPipeline(smol_dir, "CPU", adapters=openvino_genai.AdapterConfig())
+
+
+class _StopAfter(openvino_genai.IncrementalParser):
+    """Tags every delta it sees and asks to stop (a tool call) after ``deltas`` of them."""
+
+    def __init__(self, deltas: int) -> None:
+        super().__init__()
+        self.deltas, self.seen = deltas, 0
+
+    def parse(self, message, delta_text, delta_tokens=None):
+        self.seen += 1
+        message["seen"] = str(self.seen)  # a string field: concatenated into the message
+        if self.seen == self.deltas:
+            self.set_status(openvino_genai.StreamingStatus.TOOL_CALL_STOP)
+        return delta_text
+
+    def reset(self):
+        self.seen = 0
+        self.set_status(openvino_genai.StreamingStatus.RUNNING)
+
+
+class _Messages(openvino_genai.TextParserStreamer):
+    """A parser streamer as genai's samples write one: ``write`` takes the parsed message."""
+
+    def __init__(self, tokenizer, parsers) -> None:
+        super().__init__(tokenizer, parsers=parsers)
+        self.messages: list[dict] = []
+
+    def write(self, message):
+        self.messages.append(dict(message))
+        return openvino_genai.StreamingStatus.RUNNING
+
+
+def test_a_parser_streamer_gets_parsed_messages_and_fills_parsed(pipe):
+    prompt = [{"role": "user", "content": QUESTION}]
+    streamer = _Messages(pipe.get_tokenizer(), [_StopAfter(deltas=1000)])
+    whole = pipe.generate(prompt, max_new_tokens=NEW, streamer=streamer)
+    assert whole.texts == pipe.generate(prompt, max_new_tokens=NEW).texts  # same answer
+    assert "".join(m["content"] for m in streamer.messages) == whole.texts[0]
+    assert whole.parsed == [streamer.get_parsed_message()]
+    assert whole.parsed[0]["content"] == whole.texts[0] and "seen" in whole.parsed[0]
+    # a parser's stop status (a tool call found) ends generation there
+    parser = _StopAfter(deltas=1)
+    stopped = pipe.generate(
+        prompt, max_new_tokens=NEW, streamer=_Messages(pipe.get_tokenizer(), [parser])
+    )
+    assert stopped.finish_reasons == [openvino_genai.GenerationFinishReason.STOP]
+    assert len(stopped.results[0].tokens) < NEW and stopped.parsed[0]["seen"].startswith("1")
+    again = pipe.generate(prompt, max_new_tokens=NEW, streamer=streamer)
+    # every call starts afresh (genai resets the streamer and its parsers): not the text twice
+    assert again.parsed[0]["content"] == whole.texts[0]
+
+
 def test_bad_inputs_are_named_and_the_pipeline_goes_on(pipe, expected):
     tokenizer = pipe.get_tokenizer()
     mismatched = openvino_genai.TokenizedInputs(
