@@ -17,11 +17,13 @@ SIZE_MAX = 2**64 - 1  # genai's "unset" for its size_t fields
 _UNSET_IS_SIZE_MAX = ("max_new_tokens", "max_length", "no_repeat_ngram_size")
 
 _TREE = "tree search (EAGLE speculative decoding) is not implemented"
+# genai registers adapters at construction too (npuw_kv.inputs refuses them there with this)
+ADAPTERS_REFUSED = "LoRA adapters are not supported: merge the adapter into the model"
 # field -> (its default, why a non-default value is refused)
 _REFUSED: dict[str, tuple[Any, str]] = {
     "tree_depth": (0, _TREE),
     "branching_factor": (1, _TREE),
-    "adapters": (None, "LoRA adapters are not supported: merge the adapter into the model"),
+    "adapters": (None, ADAPTERS_REFUSED),
     "parsers": ([], "output parsers are not supported: run the parser on the result's text"),
     "return_omni_outputs": (False, "omni (speech) outputs need openvino_genai's omni pipeline"),
     "pruning_ratio": (0, "CDPruner visual-token pruning is for vision-language pipelines"),

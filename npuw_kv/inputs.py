@@ -19,6 +19,7 @@ import openvino as ov
 import openvino_genai
 
 from .config import PipelineConfig
+from .generation_config import ADAPTERS_REFUSED
 from .model.source import resolve_model
 
 # tokens per block of the CPU plugin's PagedAttention cache (what num_kv_blocks counts)
@@ -229,9 +230,7 @@ def pipeline_args(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
             raise ValueError(f"{key} given twice, as {value!r} and {props[key]!r}")
         props[key] = value
     if props.get("adapters") is not None:  # genai's LoRA, registered at construction
-        raise ValueError(
-            "adapters: LoRA adapters are not supported: merge the adapter into the model"
-        )
+        raise ValueError(f"adapters: {ADAPTERS_REFUSED}")
     props.pop("adapters", None)
     out.scheduler_config = props.pop("scheduler_config", None)
     out.settings = props
