@@ -12,12 +12,15 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .kv.blocks.shares import format_shares, parse_window_shares
+
 DEVICES = ("CPU", "NPU")
 KV_PRECISIONS = ("auto", "f32", "f16", "bf16", "u8")
 KV_BINDINGS = ("roi", "contiguous", "copy")
 ATTENTION_BACKENDS = ("auto", "sdpa", "pa")
 PREFILL_ATTENTIONS = ("auto", "static", "pyramid")  # NPUW_LLM_PREFILL_ATTENTION_HINT
 GGUF_ZERO_POINTS = ("genai", "exact")
+WINDOW_KVS = ("auto", "ring", "full")  # a sliding-window layer's KV on the static-shape path
 _NPUW_DEVICE = re.compile(r"(NPU|CPU|GPU)(\.\d+)?", re.IGNORECASE)  # what NPUW places on
 # tokens per block of the static-shape path's host prefix store (runtime/prefix_store.py)
 STORE_BLOCK_TOKENS = 32
@@ -38,6 +41,9 @@ _ALIASES: dict[str, str] = {
     "STATIC_MODELS": "static_models",
     "PREFIX_REUSE": "prefix_reuse",
     "PREFIX_CACHE_TOKENS": "prefix_cache_tokens",
+    "PREFIX_CACHE_HOST_TOKENS": "prefix_cache_host_tokens",
+    "KV_WINDOW_SHARES": "kv_window_shares",
+    "NPUW_KV_WINDOW_SIZE_SHARES": "kv_window_shares",
     "NPUW_DEVICES": "npuw_devices",
     "NUM_THREADS": "num_threads",
     "INFERENCE_NUM_THREADS": "num_threads",
@@ -49,6 +55,7 @@ _ALIASES: dict[str, str] = {
     "NPUW_LLM_SHARED_HEAD": "shared_head",
     "OPTIMIZE_V_TENSORS": "optimize_v_tensors",
     "NPUW_LLM_OPTIMIZE_V_TENSORS": "optimize_v_tensors",
+    "WINDOW_KV": "window_kv",
 }
 # OpenVINO properties passed through to compile_model unchanged (the plugin validates values).
 _PASSTHROUGH = (
@@ -71,6 +78,7 @@ _INTS = (
     "prefill_chunk_size",
     "num_threads",
     "prefix_cache_tokens",
+    "prefix_cache_host_tokens",
 )
 # None means auto for these
 _AUTO_BOOLS = ("static_models", "generate_pyramid", "shared_head", "optimize_v_tensors")
@@ -81,6 +89,7 @@ _LOWER = (
     "gguf_zero_points",
     "attention_backend",
     "prefill_attention",
+    "window_kv",
 )
 # the smallest value of each size, and the values each choice allows
 _MINIMUMS = {
@@ -88,6 +97,7 @@ _MINIMUMS = {
     "max_prompt_len": 1,
     "min_response_len": 1,
     "prefix_cache_tokens": 0,
+    "prefix_cache_host_tokens": 0,
     "num_threads": 0,
 }
 _CHOICES = {
@@ -96,6 +106,7 @@ _CHOICES = {
     "attention_backend": ATTENTION_BACKENDS,
     "prefill_attention": PREFILL_ATTENTIONS,
     "gguf_zero_points": GGUF_ZERO_POINTS,
+    "window_kv": WINDOW_KVS,
 }
 
 
@@ -137,6 +148,8 @@ def _normalize(name: str, value: Any) -> Any:
         return _as_bool(name, value)
     if name in _LOWER:
         return str(value).lower()
+    if name == "kv_window_shares" and value is not None:  # canonical text, checked
+        return format_shares(parse_window_shares(value, label(name)))
     return value
 
 
@@ -164,6 +177,11 @@ class PipelineConfig:
     prefix_reuse: bool = True  # a prompt that starts like the cached tokens runs only the rest
     # paged path: KV room beyond one sequence's, where earlier prompts' blocks stay cached
     prefix_cache_tokens: int = 0
+    # paged path: a host-memory tier of the prefix cache (tokens), where evicted blocks go;
+    # and the shares of the prefix-cache room and host tier between window pools
+    # ("0.25,0.75": ascending windows, full last; "8:0.25,full:0.75"; None: same tokens each)
+    prefix_cache_host_tokens: int = 0
+    kv_window_shares: str | None = None
     npuw_devices: str = "CPU"
     num_threads: int = 0
     full_prefill_logits: bool = False  # LM head on every prefill row (perplexity checks only)
@@ -175,6 +193,9 @@ class PipelineConfig:
     generate_pyramid: bool | None = None
     shared_head: bool | None = None
     optimize_v_tensors: bool | None = None
+    # static-shape path: a sliding-window layer's KV in a ring of window + one chunk of slots
+    # ("auto": unless the host prefix store needs every layer's whole past) or "full" length
+    window_kv: str = "auto"
     gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
     # max_prompt_len as given, before rounding up to a multiple of the chunk (for messages)
@@ -198,12 +219,20 @@ class PipelineConfig:
             )
         self._check_attention_backend()
         self._check_variants()
+        self._check_tiers()
         room = self.prefix_cache_tokens
         if room and not self.paged and room < STORE_BLOCK_TOKENS:
             raise ValueError(
                 f"{label('prefix_cache_tokens')} on the static-shape path is a host store"
                 f" of whole blocks of {STORE_BLOCK_TOKENS} tokens: give 0 or at least "
                 f"{STORE_BLOCK_TOKENS}, got {self.prefix_cache_tokens}"
+            )
+        if self.window_kv == "ring" and room and not self.paged:
+            raise ValueError(
+                f"{label('window_kv')} 'ring' keeps only a window of each sliding-window layer, "
+                f"but {label('prefix_cache_tokens')} on the static-shape path stores every "
+                "layer's whole past: set window_kv='full', prefix_cache_tokens=0, or use "
+                "attention_backend='pa'"
             )
         if not isinstance(self.npuw_devices, str) or not all(
             _NPUW_DEVICE.fullmatch(d.strip()) for d in self.npuw_devices.split(",")
@@ -284,6 +313,26 @@ class PipelineConfig:
                 "(the device quantises the cache blocks there)"
             )
 
+    def _check_tiers(self) -> None:
+        """The block manager's tiers: checked here, honoured on PagedAttention only."""
+        if self.kv_window_shares is not None:
+            shares = parse_window_shares(self.kv_window_shares, label("kv_window_shares"))
+            object.__setattr__(self, "kv_window_shares", format_shares(shares))
+        if self.paged:
+            return
+        if self.prefix_cache_host_tokens:
+            raise ValueError(
+                f"{label('prefix_cache_host_tokens')} applies to attention_backend='pa' (the "
+                "block manager's host tier); the static-shape path (NPU, attention_backend="
+                "'sdpa') keeps its prefix store on the host already: use prefix_cache_tokens"
+            )
+        if self.kv_window_shares is not None:
+            raise ValueError(
+                f"{label('kv_window_shares')} applies to attention_backend='pa', where the "
+                "block manager sizes one pool per window; the static-shape path (NPU, "
+                "attention_backend='sdpa') has no window pools: leave it unset"
+            )
+
     def _check_variants(self) -> None:
         """NPUW's LLM options that shape the static models: honoured there, refused where
         they would mean nothing."""
@@ -309,6 +358,14 @@ class PipelineConfig:
                 f"{label('generate_pyramid')} YES shapes the static models (device NPU or "
                 f"static_models=True); {where} reads the whole buffer at each step"
             )
+
+    @property
+    def ring_windows(self) -> bool:
+        """Whether the static-shape path keeps sliding-window layers' KV in rings
+        (``window_kv``; ``auto``: unless the host prefix store wants whole pasts)."""
+        return self.window_kv == "ring" or (
+            self.window_kv == "auto" and not self.prefix_cache_tokens
+        )
 
     @property
     def pyramid(self) -> bool:

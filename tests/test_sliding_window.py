@@ -22,11 +22,13 @@ from npuw_kv.inspect_model import describe
 from npuw_kv.model import window
 from npuw_kv.model.source import declared_window
 from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.runtime import static_runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 C, WINDOW = 16, 8
+RING = 32  # window + one chunk of slots, in whole chunks (model/ring.py)
 SETTINGS = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=40, **EXACT_F32)
 EXPECTED_WINDOWS = {"mistral": (WINDOW, WINDOW), "qwen2": (None, WINDOW)}
 PATHS = {
@@ -34,6 +36,11 @@ PATHS = {
     "cpu-static": ("CPU", {"attention_backend": "sdpa", "static_models": True}),
     "cpu-copy": ("CPU", {"attention_backend": "sdpa", "kv_binding": "copy"}),
     "cpu-pa": ("CPU", {"attention_backend": "pa"}),
+    # windowed layers at full length (the others keep them in rings: model/ring.py)
+    "cpu-sdpa-full": ("CPU", {"attention_backend": "sdpa", "window_kv": "full"}),
+    "npu-full": ("NPU", {"NPUW_ONLINE_PIPELINE": "NONE", "window_kv": "full"}),
+    "npu-v-transposed": ("NPU", {"NPUW_ONLINE_PIPELINE": "NONE", "optimize_v_tensors": True}),
+    "npu-contiguous": ("NPU", {"NPUW_ONLINE_PIPELINE": "NONE", "kv_binding": "contiguous"}),
     # NPUW's default partitioning cannot run graphs this small (see test_tiny_model.py)
     "npu": ("NPU", {"NPUW_ONLINE_PIPELINE": "NONE"}),
 }
@@ -83,6 +90,75 @@ def test_sliding_window_greedy_matches_genai(swa, reference, path):
         tokens = pipe.generate(ids, max_new_tokens=24, ignore_eos=True).tokens
         assert tokens == reference(ids, 24), f"{path}, prompt of {length}"
         assert len(set(tokens)) > 4  # a meaningful comparison, not a constant loop
+    if extra.get("attention_backend") != "pa":
+        rings = {} if extra.get("window_kv") == "full" else {WINDOW: RING}
+        assert pipe.kv_stats()["window_rings"] == rings
+
+
+def test_ring_holds_window_plus_chunk_and_full_layers_whole(swa):
+    """Static path: a windowed layer's buffers are its ring (window + one chunk, in whole
+    chunks), a full layer's the whole capacity; the KV bytes follow."""
+    arch, model_dir = swa
+    ring = LLMPipeline(model_dir, "NPU", NPUW_ONLINE_PIPELINE="NONE", **SETTINGS)
+    full = LLMPipeline(model_dir, "NPU", NPUW_ONLINE_PIPELINE="NONE", window_kv="full", **SETTINGS)
+    capacity = ring.kv_stats()["kv_capacity_tokens"]
+    for name, buffer in ring.runner.cache.buffers.items():
+        layer = int(name.split(".")[1])
+        want = capacity if EXPECTED_WINDOWS[arch][layer] is None else RING
+        assert buffer.shape[2] == want, name
+    per_slot = full.kv_stats()["kv_bytes_allocated"] // capacity
+    windowed = sum(w is not None for w in EXPECTED_WINDOWS[arch]) / len(EXPECTED_WINDOWS[arch])
+    expected = per_slot * (capacity * (1 - windowed) + RING * windowed)
+    assert ring.kv_stats()["kv_bytes_allocated"] == expected
+    assert ring.kv_stats()["kv_bytes_allocated"] < full.kv_stats()["kv_bytes_allocated"]
+
+
+def test_ring_masks_are_what_keeps_the_window(swa, reference, monkeypatch):
+    """With every ring slot let through (the mask input all zeros), the ring's stale and
+    overwritten slots are read and the tokens go wrong: the test above measures the mask."""
+
+    def everything(start: int, n: int, first: int, window: int, ring: int) -> np.ndarray:
+        return np.zeros((1, 1, n, ring + n), np.float32)
+
+    monkeypatch.setattr(static_runner, "window_mask", everything)
+    pipe = LLMPipeline(swa[1], "CPU", attention_backend="sdpa", **SETTINGS)
+    ids = _ids(60)
+    assert pipe.generate(ids, max_new_tokens=24, ignore_eos=True).tokens != reference(ids, 24)
+
+
+def test_ring_continuation_off_the_chunk_grid_wraps_through_staging(swa, reference):
+    """A chat turn resumes at a slot off the chunk grid: a chunk that would wrap around the
+    ring's end is staged and copied in two pieces (counted), and the tokens stay genai's."""
+    pipe = LLMPipeline(swa[1], "NPU", NPUW_ONLINE_PIPELINE="NONE", **SETTINGS)
+    first = _ids(21)
+    answer = pipe.generate(first, max_new_tokens=4, ignore_eos=True).tokens
+    follow = np.concatenate([first, answer, _ids(40)[25:33] + 7])  # resumes at slot 28
+    tokens = pipe.generate(follow, max_new_tokens=12, ignore_eos=True).tokens
+    stats = pipe.kv_stats()
+    assert stats["reused_tokens"] > 0
+    assert stats["prefill_host_bytes_copied"] > 0  # the wrapped chunk's rows
+    assert tokens == reference(follow, 12)
+
+
+def test_ring_continuation_refused_once_the_window_is_overwritten(swa, reference):
+    """A prompt that shares only the start of a long cached sequence cannot resume from it:
+    the later tokens overwrote that part of the ring.  It runs fresh, with genai's tokens."""
+    pipe = LLMPipeline(swa[1], "CPU", attention_backend="sdpa", **SETTINGS)
+    first = _ids(60)
+    pipe.generate(first, max_new_tokens=4, ignore_eos=True)
+    branch = np.concatenate([first[:20], _ids(30)[:20] + 11])
+    tokens = pipe.generate(branch, max_new_tokens=12, ignore_eos=True).tokens
+    assert pipe.kv_stats()["reused_tokens"] == 0
+    assert tokens == reference(branch, 12)
+    full = LLMPipeline(swa[1], "CPU", attention_backend="sdpa", window_kv="full", **SETTINGS)
+    full.generate(first, max_new_tokens=4, ignore_eos=True)
+    full.generate(branch, max_new_tokens=12, ignore_eos=True)
+    assert full.kv_stats()["reused_tokens"] > 0  # at full length the prefix is still there
+
+
+def test_ring_with_a_prefix_store_is_refused_by_name(swa):
+    with pytest.raises(ValueError, match="window_kv"):
+        LLMPipeline(swa[1], "NPU", window_kv="ring", prefix_cache_tokens=64, **SETTINGS)
 
 
 def test_paged_windowed_layers_hold_only_their_window(swa, reference):
@@ -141,9 +217,10 @@ def test_paged_chat_turn_reuses_a_sequence_longer_than_the_window_pool(swa):
 
 def test_without_the_rewrite_the_static_path_leaves_the_window(swa, reference, monkeypatch):
     """The models above do exercise the window: with the masks left as exported, the
-    static-shape path's generate step attends over the buffer's end and goes wrong."""
+    static-shape path's generate step (windowed layers at full length) attends over the
+    buffer's end and goes wrong."""
     monkeypatch.setattr(window, "rewrite_window_masks", lambda model, compares: 0)
-    pipe = LLMPipeline(swa[1], "CPU", attention_backend="sdpa", **SETTINGS)
+    pipe = LLMPipeline(swa[1], "CPU", attention_backend="sdpa", window_kv="full", **SETTINGS)
     ids = _ids(60)
     assert pipe.generate(ids, max_new_tokens=24, ignore_eos=True).tokens != reference(ids, 24)
 

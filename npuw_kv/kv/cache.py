@@ -15,6 +15,10 @@ A model whose V layout differs from the buffer's (V transposed in the generate m
 reads the same memory in its own layout: ``seq_axis=`` asks for that interpretation, and
 :meth:`SharedKVCache.relayout` moves the slots between the two (through a temporary: the two
 layouts overlap).  ``content_axis`` says which layout the slots hold now.
+
+A sliding-window layer may keep its KV in a ring (``KVSpec.ring`` slots, see
+:mod:`npuw_kv.model.ring`) instead of the whole capacity: its buffer is that long, and the slots
+the methods take are the ring's own (:mod:`npuw_kv.runtime.rings` maps token slots onto them).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class KVSpec:
     num_heads: int
     head_dim: int
     seq_axis: int = SEQ_AXIS  # the buffer's layout (the generate models')
+    ring: int = 0  # > 0: the layer keeps only this many slots, written circularly
 
     def shape(self, rows: int, seq_axis: int | None = None) -> tuple[int, int, int, int]:
         axis = self.seq_axis if seq_axis is None else seq_axis
@@ -84,8 +89,9 @@ class SharedKVCache:
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
+        self.slots = {s.name: s.ring or capacity for s in specs}  # each buffer's length
         ensure_fits(self.nbytes_for(specs, capacity, precision), f"a KV cache of {capacity} tokens")
-        self.buffers = {s.name: np.zeros(s.shape(capacity), self.dtype) for s in specs}
+        self.buffers = {s.name: np.zeros(s.shape(self.slots[s.name]), self.dtype) for s in specs}
         # the layout each buffer's slots hold now (its own, unless a model of the other
         # layout wrote them: see relayout)
         self.content_axis = {s.name: s.seq_axis for s in specs}
@@ -98,11 +104,11 @@ class SharedKVCache:
     def nbytes_for(specs: list[KVSpec], capacity: int, precision: str) -> int:
         """What the buffers of ``specs`` take for ``capacity`` slots, before allocating them."""
         itemsize = np.dtype(KV_STORAGE[precision][0]).itemsize
-        return sum(s.num_heads * s.head_dim for s in specs) * capacity * itemsize
+        return sum(s.num_heads * s.head_dim * (s.ring or capacity) for s in specs) * itemsize
 
-    def _check(self, start: int, stop: int) -> None:
-        if not 0 <= start < stop <= self.capacity:
-            raise IndexError(f"KV slots [{start}, {stop}) outside capacity {self.capacity}")
+    def _check(self, name: str, start: int, stop: int) -> None:
+        if not 0 <= start < stop <= self.slots[name]:
+            raise IndexError(f"KV slots [{start}, {stop}) outside {name}'s {self.slots[name]}")
 
     def _axis(self, name: str, seq_axis: int | None) -> int:
         return self.specs[name].seq_axis if seq_axis is None else seq_axis
@@ -113,7 +119,7 @@ class SharedKVCache:
         buffer = self.buffers[name]
         if axis == self.specs[name].seq_axis:
             return buffer
-        return buffer.reshape(self.specs[name].shape(self.capacity, axis))
+        return buffer.reshape(self.specs[name].shape(self.slots[name], axis))
 
     def zeros(self, name: str, rows: int, seq_axis: int | None = None) -> np.ndarray:
         """A zeroed host array laid out like ``rows`` slots of buffer ``name`` (staging etc.)."""
@@ -130,17 +136,25 @@ class SharedKVCache:
         return sum(buf.nbytes for buf in self.buffers.values())
 
     def bytes_per_token(self) -> int:
-        return self.bytes_allocated // self.capacity
+        """KV bytes one token takes in the layers that hold the whole past (a ring's slots are
+        reused: they cost nothing per token)."""
+        specs = [s for s in self.specs.values() if not s.ring]
+        return self.nbytes_for(specs, 1, self.precision)
+
+    @property
+    def rings(self) -> dict[str, int]:
+        """Buffers kept as rings, and their slots."""
+        return {name: spec.ring for name, spec in self.specs.items() if spec.ring}
 
     def view(self, name: str, start: int, stop: int, seq_axis: int | None = None) -> ov.Tensor:
         """ROI tensor over token slots ``[start, stop)`` of one buffer (shares its memory),
         laid out along ``seq_axis`` (default: the buffer's own)."""
-        self._check(start, stop)
+        self._check(name, start, stop)
         axis = self._axis(name, seq_axis)
         if (name, axis) not in self._parents:
             self._parents[name, axis] = self.tensor(self.array(name, axis))
         parent = self._parents[name, axis]
-        if (start, stop) == (0, self.capacity):
+        if (start, stop) == (0, self.slots[name]):
             return parent  # the whole buffer: contiguous, no ROI needed
         begin = [0, 0, 0, 0]
         begin[axis] = start
@@ -149,7 +163,7 @@ class SharedKVCache:
 
     def rows(self, name: str, start: int, stop: int, seq_axis: int | None = None) -> np.ndarray:
         """numpy view of slots ``[start, stop)`` along ``seq_axis`` (strided, no copy)."""
-        self._check(start, stop)
+        self._check(name, start, stop)
         axis = self._axis(name, seq_axis)
         return seq_slice(self.array(name, axis), axis, start, stop)
 

@@ -45,6 +45,14 @@ class KVLayout:
     ports: tuple[KVPort, ...]
     logits_output_index: int
     window: tuple[int | None, ...]  # attention window per layer (None = full attention)
+    # (window, slots): sliding windows whose layers keep their KV in a ring of that many slots
+    # on the static-shape path (model/ring.py); their past inputs are that long in every model
+    rings: tuple[tuple[int, int], ...] = ()
+
+    def ring_of(self, layer: int) -> int | None:
+        """The ring slots of ``layer``'s KV, or None when it holds the whole past."""
+        window = self.window[layer]
+        return next((slots for w, slots in self.rings if w == window), None)
 
     @property
     def num_layers(self) -> int:

@@ -12,7 +12,8 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import stateful_to_stateless_transformation
 
 from ..errors import ModelLayoutError
-from .layout import KVLayout
+from .layout import KVLayout, KVPort
+from .ring import mask_input
 from .split import EMBEDS_INPUT
 
 _REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -117,7 +118,11 @@ def set_shapes(
         hidden = embeds.get_output_partial_shape(0)[-1]
         shapes[EMBEDS_INPUT] = ov.PartialShape([1, dim(tokens), hidden])
     for p in layout.ports:
-        shapes[p.input_name] = ov.PartialShape(p.shape(dim(past_len)))
+        ring = layout.ring_of(p.layer)  # a ring's length is the same in every model
+        shapes[p.input_name] = ov.PartialShape(p.shape(dim(past_len) if ring is None else ring))
+    for window, ring in layout.rings:
+        keys = None if tokens is None else ring + tokens
+        shapes[mask_input(window)] = ov.PartialShape([1, 1, dim(tokens), dim(keys)])
     model.reshape(shapes)
 
 
@@ -135,6 +140,11 @@ def tail_input(name: str) -> str:
     return f"{name}.tail"
 
 
+def linear_ports(layout: KVLayout) -> list[KVPort]:
+    """The ports whose past is the whole buffer, in slot order (not a ring: model/ring.py)."""
+    return [p for p in layout.ports if layout.ring_of(p.layer) is None]
+
+
 def split_past(model: ov.Model, layout: KVLayout) -> int:
     """Give every past input a second part, ``past.tail``, read right after it.
 
@@ -146,7 +156,7 @@ def split_past(model: ov.Model, layout: KVLayout) -> int:
     ``ShapeOf(past)`` becomes the sum of both parts.  Returns the number of past inputs split.
     """
     tails = []
-    for port in layout.ports:
+    for port in linear_ports(layout):
         param = _param(model, port.input_name)
         tail = ops.parameter(
             param.get_partial_shape(), param.get_element_type(), name=tail_input(port.input_name)
@@ -195,6 +205,9 @@ def slice_past(model: ov.Model, layout: KVLayout) -> int:
     Everything that read ``past``, its length included, reads the slice.  Returns the number of
     past inputs sliced.
     """
+    ports = linear_ports(layout)  # a ring is read whole, by both phases
+    if not ports:
+        return 0
     try:
         mask, ids = _param(model, "attention_mask"), _param(model, "input_ids")
     except StopIteration:
@@ -208,9 +221,9 @@ def slice_past(model: ov.Model, layout: KVLayout) -> int:
     # past slots the mask covers beyond the new tokens and the tail; every port's tail is bound
     # alike (all empty, or all whole buffers), so one computation serves all of them
     covered = ops.subtract(seq_len(mask, 1), seq_len(ids, 1))
-    tail = _param(model, tail_input(layout.ports[0].input_name))
+    tail = _param(model, tail_input(ports[0].input_name))
     stop = ops.maximum(ops.subtract(covered, seq_len(tail, 2)), ops.constant(np.array([0])))
-    for port in layout.ports:
+    for port in ports:
         past = _param(model, port.input_name)
         consumers = list(past.output(0).get_target_inputs())
         sliced = ops.slice(
@@ -223,7 +236,7 @@ def slice_past(model: ov.Model, layout: KVLayout) -> int:
         for consumer in consumers:
             consumer.replace_source_output(sliced.output(0))
     model.validate_nodes_and_infer_types()
-    return len(layout.ports)
+    return len(ports)
 
 
 def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:

@@ -17,6 +17,7 @@ from ..errors import ModelLayoutError, ModelLoadError
 from . import attention as A
 from . import transforms as T
 from .layout import KVLayout, discover_layout
+from .ring import give_rings, plan_rings
 from .value_layout import ValueLayouts, phase_bases
 from .window import apply_windows
 
@@ -34,6 +35,7 @@ class StaticShapes:
     # only the variants that pay for their memory (the "auto" defaults; see the two ladders)
     lean_pyramid: bool = False
     lean_generate: bool = False
+    window_rings: bool = False  # sliding-window layers' KV in rings (model/ring.py)
 
     @classmethod
     def of(cls, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
@@ -47,7 +49,12 @@ class StaticShapes:
             config.generate_variants,
             lean_pyramid=config.prefill_attention == "auto",
             lean_generate=config.generate_pyramid is None,
+            window_rings=config.ring_windows,
         )
+
+    def rings(self, windows: tuple[int | None, ...]) -> tuple[tuple[int, int], ...]:
+        """``(window, slots)`` of the windows whose layers keep their KV in a ring."""
+        return plan_rings(windows, self.chunk, self.generate_past) if self.window_rings else ()
 
     @property
     def prefill_past(self) -> int:
@@ -118,6 +125,7 @@ def prepare(
     kv_precision: str = "f32",
     full_logits: bool = False,
     declared_window: int | None = None,
+    shapes: StaticShapes | None = None,
 ) -> tuple[ov.Model, KVLayout]:
     """Stateless, GQA-broadcast fix, new-KV-only presents, last-position logits, KV dtype.
 
@@ -128,11 +136,14 @@ def prepare(
     measuring prompt perplexity, never for serving.  ``declared_window``: the sliding window
     the model's config names, if it is shorter than the KV capacity
     (``source.declared_window``); a model whose graph has no window mask this rewrite knows is
-    then refused.
+    then refused.  ``shapes``: the static shapes, which say whether sliding-window layers keep
+    their KV in rings (``model/ring.py``).
     """
     T.make_stateless(model)
     A.fix_gqa_broadcast(model)
     layout = apply_windows(model, discover_layout(model), declared_window)
+    if shapes is not None:
+        layout = give_rings(model, layout, shapes.rings(layout.window))
     T.redirect_present_to_new_kv(model, layout)
     if not full_logits:
         T.logits_for_last_position(model, layout)

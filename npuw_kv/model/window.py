@@ -87,7 +87,7 @@ def _as_window_compare(node: ov.Node) -> WindowCompare | None:
     return WindowCompare(node, const)
 
 
-def _layer_of(sdpa: ov.Node, key_layers: dict[str, int]) -> int | None:
+def attention_layer(sdpa: ov.Node, key_layers: dict[str, int]) -> int | None:
     """The layer whose past keys (input name -> layer) reach this attention's K input."""
     for node in _ancestors(sdpa.input(1).get_source_output()):
         if node.get_type_name() == "Parameter":
@@ -114,7 +114,7 @@ def find_windows(
         ]
         if not found:
             continue
-        layer = _layer_of(sdpa, key_layers)
+        layer = attention_layer(sdpa, key_layers)
         if layer is None:
             raise ModelLayoutError(
                 f"attention {sdpa.get_friendly_name()!r} has a sliding-window mask but no "

@@ -31,6 +31,11 @@ view is strided even with one head (only the whole buffer is dense), so the cont
 stages every transposed-V past but the generate model's whole buffer, and every transposed-V
 output.  A port whose axis differs from the buffer's (V transposed in one phase only) gets
 views of the same memory in its own layout (:meth:`SharedKVCache.view`'s ``seq_axis``).
+
+A sliding-window layer kept as a ring (``BoundPort.ring``, :mod:`npuw_kv.model.ring`) is read
+whole by every model, as the generate past is (dense: the guard binds it directly), and never
+split or sliced; its outputs go to ring slots ``start mod R``.  A write that would wrap around
+the ring's end (a continuation's chunk off the chunk grid) is staged and copied in two pieces.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from ..config import KV_BINDINGS
 from ..kv.cache import SEQ_AXIS, SharedKVCache, seq_slice
 from ..kv.copy import CopyCounter, safe_copy
 from ..model.transforms import tail_input
+from .rings import ring_segments
 
 # how a port's tensor reaches the request: the cache's own memory, or dense host staging
 BindPath = Literal["direct", "staged"]
@@ -55,6 +61,7 @@ class BoundPort:
     name: str  # past input name == cache buffer name
     output_index: int
     seq_axis: int = SEQ_AXIS  # 3: V transposed, [1, H, D, S]
+    ring: int = 0  # > 0: a sliding-window layer's ring of that many slots
 
 
 class KVBinding:
@@ -103,14 +110,19 @@ class KVBinding:
         self.outputs_direct = 0
         self.outputs_staged = 0
         self._synced = 0
+        self._ring_synced = 0  # token slots before this are in the rings' staging
         self._staging_in: dict[str, np.ndarray] = {}
         self._staging_out: dict[str, np.ndarray] = {}
         self._staging_out_tensors: dict[str, ov.Tensor] = {}
         self._scratch: dict[str, ov.Tensor] = {}
         self._axis = {port.name: port.seq_axis for port in ports}
+        self._ring = {port.name: port.ring for port in ports if port.ring}
         whole = (0, cache.capacity)
         for port in ports:
             axis = port.seq_axis
+            if port.ring:
+                self._bind_ring(port)
+                continue
             # a sliced-past model: the prefill reads through the sliced past, the generate step
             # through the unsliced tail (a slice would copy every step); the other stays empty
             target = tail_input(port.name) if sliced and not grow else port.name
@@ -138,6 +150,20 @@ class KVBinding:
             if mode == "copy":  # bound once; the other modes bind their outputs per step
                 request.set_output_tensor(port.output_index, self._output_staging(port.name))
 
+    def _bind_ring(self, port: BoundPort) -> None:
+        """A ring's past: the whole ring, in every model and mode but copy (staged whole)."""
+        view = self.cache.view(port.name, 0, port.ring, port.seq_axis)
+        if self.mode != "copy" and self._direct(view):
+            self.request.set_tensor(port.name, view)
+            self.past_paths[port.name] = "direct"
+        else:
+            past = self.cache.zeros(port.name, port.ring, port.seq_axis)
+            self._staging_in[port.name] = past
+            self.request.set_tensor(port.name, self.cache.tensor(past))
+            self.past_paths[port.name] = "staged"
+        if self.mode == "copy":
+            self.request.set_output_tensor(port.output_index, self._output_staging(port.name))
+
     def _direct(self, tensor: ov.Tensor) -> bool:
         """Whether ``tensor`` goes to the request as it is (else through dense staging)."""
         if self.mode == "contiguous":
@@ -159,6 +185,7 @@ class KVBinding:
     def reset(self) -> None:
         """Forget what the staging holds (a new prompt rewrites the cache)."""
         self._synced = 0
+        self._ring_synced = 0
         self.outputs_direct = 0
         self.outputs_staged = 0
 
@@ -171,7 +198,7 @@ class KVBinding:
             path: BindPath = "staged"
             if self.mode != "copy":  # copy mode's output staging is bound for good
                 view = self._output_view(port.name, start, stop)
-                if self._direct(view):
+                if view is not None and self._direct(view):
                     path = "direct"
                 else:
                     view = self._output_staging(port.name)
@@ -182,17 +209,30 @@ class KVBinding:
             else:
                 self.outputs_staged += 1
         end = min(live_end, self.past_len)
-        if end > self._synced and self._staging_in:
-            for name, past in self._staging_in.items():
-                axis = self._axis[name]
+        for name, past in self._staging_in.items():
+            axis, ring = self._axis[name], self._ring.get(name, 0)
+            if ring:
+                lo = max(self._ring_synced, live_end - ring)
+                for a, b, _ in ring_segments(lo, max(lo, live_end), ring):
+                    rows = self.cache.rows(name, a, b, axis)
+                    safe_copy(seq_slice(past, axis, a, b), rows, self.counter)
+            elif end > self._synced:
                 safe_copy(
                     seq_slice(past, axis, self._synced, end),
                     self.cache.rows(name, self._synced, end, axis),
                     self.counter,
                 )
-            self._synced = end
+        self._synced = max(self._synced, end)
+        self._ring_synced = max(self._ring_synced, live_end)
 
-    def _output_view(self, name: str, start: int, stop: int) -> ov.Tensor:
+    def _output_view(self, name: str, start: int, stop: int) -> ov.Tensor | None:
+        """The view slots ``[start, stop)`` are written through; None: it must be staged."""
+        ring = self._ring.get(name, 0)
+        if ring and stop <= self.cache.capacity:
+            pieces = ring_segments(start, stop, ring)
+            if len(pieces) > 1:  # wraps around the ring's end: staged, copied in two pieces
+                return None
+            return self.cache.view(name, pieces[0][0], pieces[0][1], self._axis[name])
         if stop <= self.cache.capacity:
             return self.cache.view(name, start, stop, self._axis[name])
         # The very last step's KV is never read again (the cache is then full): discard it.
@@ -208,11 +248,15 @@ class KVBinding:
         if stop > self.cache.capacity:  # the last step: its KV is discarded
             return
         for port in self.ports:
-            if self.output_paths.get(port.name) == "staged":
-                safe_copy(
-                    self.cache.rows(port.name, start, stop, port.seq_axis),
-                    self._staging_out[port.name],
-                    self.counter,
-                )
+            if self.output_paths.get(port.name) != "staged":
+                continue
+            new, axis = self._staging_out[port.name], port.seq_axis
+            if not port.ring:
+                safe_copy(self.cache.rows(port.name, start, stop, axis), new, self.counter)
+                continue
+            for a, b, offset in ring_segments(start, stop, port.ring):
+                rows = seq_slice(new, axis, offset, offset + b - a)
+                safe_copy(self.cache.rows(port.name, a, b, axis), rows, self.counter)
         # rows rewritten below the synced mark (by staging or in place) must be re-synced
         self._synced = min(self._synced, start)
+        self._ring_synced = min(self._ring_synced, start)

@@ -9,6 +9,7 @@ fault.  Failures come out as the documented errors naming the setting to change.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -18,8 +19,10 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino as ov
 
-from ..config import STORE_BLOCK_TOKENS, PipelineConfig
+from ..config import STORE_BLOCK_TOKENS, PipelineConfig, label
 from ..errors import CompileError
+from ..kv.blocks import SHARES_ENV
+from ..kv.blocks.shares import shares_setting
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
@@ -32,6 +35,7 @@ from .runner import Runner
 from .static_runner import StaticRunner
 
 T = TypeVar("T")
+PAGED_ONLY = ("prefix_cache_host_tokens", "kv_window_shares")  # the block manager's tiers
 
 
 @dataclass
@@ -64,10 +68,12 @@ def build_runner(
             if config.attention_backend != "auto" or build.refuses_properties():
                 raise
             room = config.prefix_cache_tokens
+            tiers = [n for n in PAGED_ONLY if getattr(config, n)]
             warnings.warn(
                 f"PagedAttention did not compile ({exc}); running the static-shape path "
                 "(attention_backend='sdpa')"
-                + (", where prefix_cache_tokens is a host store" if room else ""),
+                + (", where prefix_cache_tokens is a host store" if room else "")
+                + (f"; {' and '.join(tiers)} dropped (PagedAttention only)" if tiers else ""),
                 RuntimeWarning,
                 stacklevel=4,
             )
@@ -77,8 +83,13 @@ def build_runner(
                 config,
                 attention_backend="sdpa",
                 prefix_cache_tokens=room if room >= STORE_BLOCK_TOKENS else 0,
+                prefix_cache_host_tokens=0,
+                kv_window_shares=None,
             )
         else:
+            shares, source = shares_setting(
+                config.kv_window_shares, os.environ, label("kv_window_shares")
+            )
             paged_runner = build.allocate(
                 kv_capacity + config.prefix_cache_tokens,
                 lambda: PagedRunner(
@@ -89,16 +100,27 @@ def build_runner(
                     config.prefix_reuse,
                     config.prefix_cache_tokens,
                     windows,
+                    config.prefix_cache_host_tokens,
+                    shares,
+                    source,
                 ),
             )
             vocab = _vocab(request.get_compiled_model().output("logits"))
             return Built(paged_runner, config, vocab, None)
+    if os.environ.get(SHARES_ENV, "").strip():
+        warnings.warn(
+            f"{SHARES_ENV} ignored: it applies to attention_backend='pa' (one block pool per "
+            "window); the static-shape path has none",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     shapes = StaticShapes.of(config, kv_capacity)
     prepared, layout = prepare(
         ir,
         resolve_kv_precision(core, config),
         config.full_prefill_logits,
         declared_window(model_dir, kv_capacity),
+        shapes,
     )
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
@@ -119,7 +141,10 @@ def build_runner(
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:
-    specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
+    specs = [
+        KVSpec(p.input_name, p.num_heads, p.head_dim, ring=layout.ring_of(p.layer) or 0)
+        for p in layout.ports
+    ]
     ensure_fits(
         SharedKVCache.nbytes_for(specs, slots, layout.precision), f"a KV cache of {slots} tokens"
     )

@@ -121,6 +121,7 @@ class StepInputs:
     position_ids: np.ndarray  # [1, T] int64
     attention_mask: np.ndarray  # [1, past_len + T] int64
     write_slots: tuple[int, int]  # where the present rows go
+    first_slot: int = 0  # the slot of token 0: those before it are padding
 
 
 def prefill_inputs(ids: np.ndarray, plan: PromptPlan, k: int, past_len: int) -> StepInputs:
@@ -143,6 +144,7 @@ def prefill_inputs(ids: np.ndarray, plan: PromptPlan, k: int, past_len: int) -> 
         np.maximum(positions, 0).astype(np.int64)[None, :],
         mask[None, :],
         (start, stop),
+        plan.pad,
     )
 
 
@@ -160,4 +162,5 @@ def generate_inputs(
         np.array([[position]], np.int64),
         mask[None, :],
         (slot, slot + 1),
+        first_slot,
     )

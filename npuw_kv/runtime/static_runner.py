@@ -17,12 +17,14 @@ from ..errors import CapacityError
 from ..kv.cache import KVSpec, SharedKVCache, layout_name
 from ..kv.copy import CopyCounter
 from ..model.layout import KVLayout
+from ..model.ring import mask_input
 from ..model.split import EMBEDS_INPUT
 from ..model.variants import StaticShapes
 from .binding import BoundPort, KVBinding
 from .compile import Requests, Variant
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
+from .rings import ring_keeps, window_mask
 from .runner import ChunkHook, Runner
 
 
@@ -76,8 +78,15 @@ class StaticRunner(Runner):
         self.prefill_layout = requests.prefill_layout or layout
         self.shapes = shapes
         self._specs = [
-            KVSpec(p.input_name, p.num_heads, p.head_dim, p.seq_axis) for p in self.layout.ports
+            KVSpec(p.input_name, p.num_heads, p.head_dim, p.seq_axis, self._ring(p.layer))
+            for p in self.layout.ports
         ]
+        if self.layout.rings and prefix_cache_tokens:
+            raise ValueError(
+                "prefix_cache_tokens on the static-shape path stores every layer's whole past; "
+                "this model's sliding-window layers keep a ring (window_kv): set "
+                "window_kv='full' or prefix_cache_tokens=0"
+            )
         self.copied = CopyCounter()
         self.prefill_past = shapes.prefill_past
         # One compiled model serving both shapes (CPU) slices its past by the mask length.  Its
@@ -128,7 +137,10 @@ class StaticRunner(Runner):
         requests = self.requests
 
         def bound(variants: list[Variant], layout: KVLayout, new: int, grow: bool) -> list[_Bound]:
-            ports = [BoundPort(p.input_name, p.output_index, p.seq_axis) for p in layout.ports]
+            ports = [
+                BoundPort(p.input_name, p.output_index, p.seq_axis, self._ring(p.layer))
+                for p in layout.ports
+            ]
             return [
                 _Bound(
                     v.past,
@@ -163,6 +175,10 @@ class StaticRunner(Runner):
         )
         self.prefill_binding = self.prefill_variants[-1].binding
         self.generate_binding = self.generate_variants[-1].binding
+
+    def _ring(self, layer: int) -> int:
+        """The ring slots of ``layer`` (0: it holds the whole past)."""
+        return self.layout.ring_of(layer) or 0
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -202,6 +218,10 @@ class StaticRunner(Runner):
             request.set_tensor("input_ids", ids)
         request.set_tensor("position_ids", ov.Tensor(inputs.position_ids))
         request.set_tensor("attention_mask", ov.Tensor(inputs.attention_mask))
+        start, stop = inputs.write_slots
+        for window, ring in self.layout.rings:
+            mask = window_mask(start, stop - start, inputs.first_slot, window, ring)
+            request.set_tensor(mask_input(window), ov.Tensor(mask))
         request.infer()
         variant.binding.after(inputs.write_slots)
         out = request.get_output_tensor(self.layout.logits_output_index)
@@ -225,6 +245,8 @@ class StaticRunner(Runner):
             # (the buffer) and by the prefill models; they differ only when the V rewrite
             # matched one phase, and the switch then re-lays the prompt's V out
             "v_layout": _v_layout(self.layout),
+            # sliding windows whose layers keep their KV in a ring, and its slots
+            "window_rings": dict(self.layout.rings),
             "prefill_v_layout": _v_layout(self.prefill_layout),
         }
 
@@ -235,7 +257,9 @@ class StaticRunner(Runner):
         for port in layout.ports:
             if self.cache.content_axis[port.input_name] != port.seq_axis:
                 name, axis = port.input_name, port.seq_axis
-                copied += self.cache.relayout(name, start, stop, axis, self.copied)
+                # a ring's slots are not in token order: all of it
+                span = (0, ring) if (ring := self._ring(port.layer)) else (start, stop)
+                copied += self.cache.relayout(name, *span, axis, self.copied)
         return copied
 
     # -- phases ------------------------------------------------------------------------------
@@ -303,7 +327,11 @@ class StaticRunner(Runner):
                 plan = PromptPlan(n, chunk, self.slots.first, common)
             except ValueError:  # its first chunk would start before slot 0
                 plan = best
-            if plan.padded_len <= self.shapes.max_prompt_len and plan.num_chunks < best.num_chunks:
+            if (
+                plan.padded_len <= self.shapes.max_prompt_len
+                and plan.num_chunks < best.num_chunks
+                and self._rings_keep(plan.pad, plan.start)
+            ):
                 best = plan
         hit = self.prefix_store.lookup(ids) if self.prefix_store is not None else 0
         if hit:
@@ -312,6 +340,15 @@ class StaticRunner(Runner):
             if plan.num_chunks < best.num_chunks:
                 best, restore = plan, True
         return best, restore
+
+    def _rings_keep(self, first_slot: int, resume: int) -> bool:
+        """Whether every ring still holds the window a prompt resuming at slot ``resume``
+        reads (later tokens of the cached sequence may have overwritten it)."""
+        written = min(self.slots.next, self.cache.capacity)
+        return all(
+            ring_keeps(first_slot, resume, written, window, ring)
+            for window, ring in self.layout.rings
+        )
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
