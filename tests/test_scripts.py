@@ -17,6 +17,7 @@ SCRIPTS = ROOT / "scripts"
 # scripts this file runs; a new script must be added here (test_every_script_is_smoked)
 SMOKED = {
     "bench_blocks.py",
+    "bench_host_tier.py",
     "bench_prefix_reuse.py",
     "demo_documents.py",
     "draw_kv_buffer.py",
@@ -76,6 +77,14 @@ def test_bench_prefix_reuse() -> None:
     reused = dict(re.findall(r"^(chat turn|A after B): (\d+) tokens reused; TTFT", out, re.M))
     assert set(reused) == {"chat turn", "A after B"}, out
     assert all(int(n) > 0 for n in reused.values()), out  # the paged cache keeps document A
+
+
+def test_bench_host_tier() -> None:
+    args = ["--doc-tokens", "64", "--chunk", "32", "--rounds", "1", "--new-tokens", "4"]
+    out = script("bench_host_tier.py", *args)
+    reused = re.findall(r"^round 1: .* (\d+) of 64 tokens reused, .* identical: True$", out, re.M)
+    assert reused and int(reused[0]) == 32, out  # document A's whole blocks, from host memory
+    assert re.search(r"ratio \d+\.\d+ .*tokens identical: True", out), out
 
 
 def test_demo_documents() -> None:

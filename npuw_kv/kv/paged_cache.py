@@ -10,11 +10,13 @@ write these tensors in place, through the sequence's block table.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import openvino as ov
 
+from .blocks.sequence import blocks_for, min_live_blocks
 from .memory import ensure_fits
 
 
@@ -75,3 +77,114 @@ class PagedKVCache:
         if not 0 <= tokens <= self.num_blocks * self.block_size:
             raise IndexError(f"{tokens} tokens outside the cache's {self.capacity}")
         return -(-tokens // self.block_size)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """Blocks of each window's pools, keyed as the block manager keys windows (full attention:
+    the capacity).  ``shares``: the part of the prefix-cache room (and of the host tier) each
+    window got, in bytes; given, or by default each window the same tokens of room."""
+
+    primary: dict[int, int]
+    host: dict[int, int]
+    shares: dict[int, float]
+    given: bool  # shares came from the setting (or NPUW_KV_WINDOW_SIZE_SHARES)
+
+
+def block_bytes(specs: Sequence[PagedSpec], names: Mapping[int, list[str]]) -> dict[int, int]:
+    """Bytes of one block of every cache tensor of each window key's layers."""
+    size = {s.name: math.prod(s.block_shape) * s.element_type.size for s in specs}
+    return {key: sum(size[n] for n in tensors) for key, tensors in names.items()}
+
+
+def plan_pools(
+    windows: Sequence[int | None],
+    capacity: int,
+    room_tokens: int,
+    host_tokens: int,
+    block_size: int,
+    chunk: int,
+    block_bytes: Mapping[int, int],
+    shares: Mapping[int, float] | None = None,
+) -> PoolPlan:
+    """Primary and host blocks of each window's pool.
+
+    Every window first gets what one sequence of ``capacity`` tokens needs: full attention all
+    of it, a sliding window its window plus a chunk (``min_live_blocks``).  The prefix-cache
+    room (``room_tokens`` beyond one sequence) and the host tier (``host_tokens``) come on top:
+    by default the same tokens in every window (a window's pool never above the full one's);
+    with ``shares``, their bytes over all layers split between the windows' pools.
+    """
+    keys = sorted({capacity if w is None else w for w in windows})
+    need = {
+        k: blocks_for(capacity, block_size)
+        if k == capacity
+        else min_live_blocks(capacity, k, block_size, chunk)
+        for k in keys
+    }
+    room, host = blocks_for(room_tokens, block_size), blocks_for(host_tokens, block_size)
+    if shares is None:
+        full = blocks_for(capacity + room_tokens, block_size)
+        primary = {k: full if k == capacity else min(full, need[k] + room) for k in keys}
+        total = sum(block_bytes[k] for k in keys)
+        given = {k: block_bytes[k] / total for k in keys}
+        return PoolPlan(primary, {k: host for k in keys}, given, False)
+    per_block = sum(block_bytes[k] for k in keys)  # one block of every layer
+    return PoolPlan(
+        {k: need[k] + int(room * per_block * shares[k]) // block_bytes[k] for k in keys},
+        {k: int(host * per_block * shares[k]) // block_bytes[k] for k in keys},
+        dict(shares),
+        True,
+    )
+
+
+class HostTier:
+    """Host copies of the cache tensors' blocks, for blocks the manager evicts from the pools.
+
+    ``blocks``: host blocks per window key; ``names``: the cache tensors of each key's layers.
+    The arrays are zeros, which the OS hands out lazily: only blocks written cost memory.
+    """
+
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        names: Mapping[int, list[str]],
+        blocks: Mapping[int, int],
+        tokens: int = 0,
+    ) -> None:
+        self.block_bytes = {
+            key: sum(cache.tensors[n].data[0].nbytes for n in tensors)
+            for key, tensors in names.items()
+        }
+        nbytes = sum(blocks.get(k, 0) * b for k, b in self.block_bytes.items())
+        ensure_fits(nbytes, f"a host tier of {tokens} tokens (prefix_cache_host_tokens)")
+        self.arrays: dict[str, np.ndarray] = {}
+        for key, tensors in names.items():
+            for name in tensors:
+                data = cache.tensors[name].data
+                self.arrays[name] = np.zeros((blocks.get(key, 0), *data.shape[1:]), data.dtype)
+
+        # running totals since the pools were sized
+        self.offloaded_bytes = self.restored_bytes = 0
+
+    def copy(
+        self, cache: PagedKVCache, names: list[str], src: int, dst: int, hosted: tuple[bool, bool]
+    ) -> int:
+        """Copy block ``src`` to ``dst`` in every tensor of ``names``; ``hosted``: whether the
+        source and the destination are host slots.  Returns the bytes copied."""
+        moved = 0
+        for name in names:
+            device = cache.tensors[name].data
+            source = self.arrays[name] if hosted[0] else device
+            (self.arrays[name] if hosted[1] else device)[dst] = source[src]
+            moved += source[src].nbytes
+        if hosted[1]:
+            self.offloaded_bytes += moved
+        elif hosted[0]:
+            self.restored_bytes += moved
+        return moved
+
+    @property
+    def bytes_allocated(self) -> int:
+        """Bytes the host arrays span (touched or not)."""
+        return sum(a.nbytes for a in self.arrays.values())

@@ -66,6 +66,10 @@ class Runner(ABC):
         """Drop the KV of the sequence's tokens from ``length`` on."""
         raise ValueError(SPECULATIVE_PATH)
 
+    def hold_prefix(self, tokens: int) -> None:  # noqa: B027 (a no-op unless overridden)
+        """Keep the KV of the next prompt's first ``tokens`` tokens (a chat's system prompt)
+        cached longest; only the PagedAttention runner has priorities to do it with."""
+
     @property
     @abstractmethod
     def tokens_in_cache(self) -> int:

@@ -48,6 +48,7 @@ from .errors import (
 from .eviction import PriorityRange
 from .manager import KVBlockManager, PrefixHit
 from .planning import WindowGroup, plan_windows
+from .shares import Shares, assign_shares, format_shares, parse_window_shares, window_label
 from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
 
 __all__ = [
@@ -72,16 +73,21 @@ __all__ = [
     "PriorityRange",
     "SequenceExistsError",
     "SequenceTooLongError",
+    "Shares",
     "SharesError",
     "UnknownSequenceError",
     "WindowCounters",
     "WindowGroup",
     "WindowStats",
     "WindowTooLargeError",
+    "assign_shares",
+    "format_shares",
     "parse_shares",
+    "parse_window_shares",
     "plan_windows",
     "resolve_shares",
     "uniform_layers",
+    "window_label",
     "window_sizes",
     "with_env_shares",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import operator
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import SupportsIndex
 
@@ -73,6 +73,11 @@ class PrioritySpec:
             if r.start <= first and (r.end is None or first < r.end):
                 return r.priority
         return self.default
+
+
+def held_above(blocks: Iterable[KVBlock], priority: int) -> int:
+    """How many of ``blocks`` are in use or cached at a priority above ``priority``."""
+    return sum(1 for b in blocks if b.priority > priority and b.queue_level != EMPTY_LEVEL)
 
 
 def check_priority(value: SupportsIndex, what: str) -> int:
@@ -167,4 +172,11 @@ class EvictionQueue:
         return f"EvictionQueue({sizes})"
 
 
-__all__ = ["EMPTY_LEVEL", "EvictionQueue", "PriorityRange", "PrioritySpec", "check_priority"]
+__all__ = [
+    "EMPTY_LEVEL",
+    "EvictionQueue",
+    "PriorityRange",
+    "PrioritySpec",
+    "check_priority",
+    "held_above",
+]

@@ -37,7 +37,7 @@ from typing import SupportsIndex
 
 import numpy as np
 
-from .block import PoolKind
+from .block import EMPTY_LEVEL, PoolKind
 from .config import BlockManagerConfig
 from .errors import (
     ChunkTooLargeError,
@@ -48,7 +48,7 @@ from .errors import (
     SequenceTooLongError,
     UnknownSequenceError,
 )
-from .eviction import PriorityRange, PrioritySpec
+from .eviction import PriorityRange, PrioritySpec, held_above
 from .invariants import check_manager
 from .planning import WindowGroup, plan_windows
 from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
@@ -283,6 +283,8 @@ class KVBlockManager:
                 primary_bytes=wm.primary.nbytes,
                 host_bytes=wm.host.nbytes,
                 counters=_copy_counters(wm),
+                host_held=wm.host.num_slots - wm.host.queue.count_at(EMPTY_LEVEL),
+                priority_blocks=held_above(wm.blocks, self.config.default_priority),
             )
         return ManagerStats(
             windows=windows,

@@ -61,6 +61,10 @@ class WindowStats:
     primary_bytes: int
     host_bytes: int
     counters: WindowCounters
+    #: host blocks holding bytes worth keeping (cached, or kept for storing): the host tier's load
+    host_held: int = 0
+    #: blocks cached or in use at a priority above the default (e.g. a chat's system prompt)
+    priority_blocks: int = 0
 
     @property
     def primary_used(self) -> int:
