@@ -31,6 +31,7 @@ import numpy as np
 from .decode import GenerationResult
 from .generation_config import GenerationConfig
 from .logits_process import banned_ngram_ends
+from .results import TimedRunner
 from .runtime.beam_tables import BeamCache, beam_runner
 from .stopping import StopStrings
 
@@ -247,6 +248,9 @@ def beam_search(
     if make_constraint is not None:
         raise ValueError("structured output is not supported with num_beams > 1")
     paged = beam_runner(runner)  # refuses the static-shape path before any work
+    timed = runner if isinstance(runner, TimedRunner) else None  # steps into PerfMetrics
+    if timed is not None:
+        timed.beam_steps = True
     budget = config.new_token_budget(int(ids.size))
     stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
     start = time.perf_counter()
@@ -272,7 +276,7 @@ def beam_search(
                     beams, cache.step([b.seq for b in beams], tokens), strict=True
                 ):
                     beam.seq = seq
-                out = cache.infer(tokens)
+                out = timed.call(cache.infer, tokens) if timed else cache.infer(tokens)
             rows = {b.seq: out[i] for i, b in enumerate(beams)}
     finally:
         cache.close()

@@ -5,6 +5,7 @@ holding a C++ ``ModelDesc``: its value cannot be converted, ``str()`` is empty, 
 so genai's samples, run with only the pipeline swapped, would hand us something unreadable.
 :func:`record_genai_drafts` wraps genai's function (its objects unchanged) to remember what each
 was made from; :func:`draft_model` is ours, for code that imports npuw_kv only.
+:func:`build_draft` loads it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .runtime.runner import SPECULATIVE_PATH, Runner
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,28 @@ def resolve_draft(value: Any) -> DraftModel:
         "npuw_kv could record it (import npuw_kv after openvino_genai, before calling "
         "draft_model); or pass npuw_kv.draft_model(path, device) or the draft's directory"
     )
+
+
+def build_draft(
+    draft: DraftModel, main_device: str, settings: Mapping[str, Any]
+) -> tuple[Runner, int]:
+    """The draft's runner (PagedAttention on CPU) and vocabulary size.  It takes the main
+    pipeline's settings (chunk, lengths, precision) with the draft's own properties on top."""
+    import openvino as ov
+
+    from .config import PipelineConfig
+    from .model.source import resolve_model, trained_context
+    from .model.variants import read_ir
+    from .runtime.build import build_runner
+
+    merged = {**settings, **draft.properties}
+    config = PipelineConfig.from_kwargs(draft.device or main_device, **merged)
+    if not config.paged:
+        raise ValueError(f"draft_model on {config.device}: {SPECULATIVE_PATH}")
+    path = resolve_model(draft.path, zero_points=config.gguf_zero_points)
+    core = ov.Core()
+    capacity = config.kv_capacity(trained_context(path))
+    built = build_runner(core, path, read_ir(core, path), config, capacity, merged)
+    if not built.config.paged:  # PagedAttention did not compile: auto fell back
+        raise ValueError(f"draft_model: {SPECULATIVE_PATH}")
+    return built.runner, built.vocab_size

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -22,7 +23,8 @@ import openvino_genai
 
 from . import speculative
 from .beam_search import beam_search
-from .config import PipelineConfig
+from .chat_prefix import system_prompt_tokens
+from .config import PipelineConfig, label
 from .decode import GenerationResult, Streamer, generate_sequences
 from .draft import record_genai_drafts
 from .errors import ModelLoadError
@@ -40,6 +42,7 @@ from .results import CallTimer, DecodedResults, EncodedResults, TextResult
 from .runtime.build import build_runner
 from .runtime.compile import last_line
 from .runtime.heap import fix_mmap_threshold, release_free_heap
+from .runtime.paged_runner import PagedRunner
 from .runtime.runner import Runner
 from .sampling import GenerationConfig
 
@@ -314,6 +317,10 @@ class LLMPipeline:
                 started = timer.now()
                 ids = self._prompt_ids(prompt, config, chat, timer)
                 timer.inputs += int(ids.size)
+                # a chat's system prompt: its KV cached longest (PagedAttention's priorities)
+                if prompt.ids is None:
+                    messages = self._history if chat else prompt.messages
+                    self.runner.hold_prefix(system_prompt_tokens(self.tokenizer, messages, ids))
                 runner = timer.runner(self._assisted.runner(self.runner, config))
                 search = beam_search if config.num_beams > 1 else generate_sequences
                 answers = search(
@@ -334,13 +341,14 @@ class LLMPipeline:
                     {"role": "assistant", "content": results[0].text},
                 ]
             metrics = timer.metrics()
+            extended = self._assisted.extended_metrics(metrics)  # a draft model's, as genai
             if request.kind == "ids":
                 return results[0]
             if request.kind == "encoded":
-                return EncodedResults(results, metrics)
+                return EncodedResults(results, metrics, extended)
             if request.kind == "text" and len(results) == 1:
                 return TextResult.of(results[0], metrics)
-            decoded = DecodedResults(results, metrics)
+            decoded = DecodedResults(results, metrics, extended)
             if parsing is not None:  # as genai: the message its parsers built from the answer
                 decoded.parsed = [parsing.get_parsed_message()]
             return decoded
@@ -381,3 +389,16 @@ class LLMPipeline:
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request."""
         return {**self.runner.stats(), **self._assisted.stats()}
+
+    def set_kv_window_shares(self, shares: Any) -> None:
+        """PagedAttention: split the prefix-cache room and host tier between the window
+        pools anew (``kv_window_shares``; None: the default), dropping the cached prefixes.
+        Bad shares raise a ``ValueError`` naming the setting, and change nothing."""
+        with self._exclusive():
+            if not isinstance(self.runner, PagedRunner):
+                raise ValueError(
+                    f"{label('kv_window_shares')} applies to attention_backend='pa'; this "
+                    "pipeline runs the static-shape path, which has no window pools"
+                )
+            text = self.runner.set_window_shares(shares, label("kv_window_shares"))
+            self.config = replace(self.config, kv_window_shares=text)

@@ -141,9 +141,8 @@ class PerfMetrics:
     def get_grammar_compiler_init_times(self) -> dict[str, float]:
         return {}
 
-    def __add__(self, other: PerfMetrics) -> PerfMetrics:
-        if not isinstance(other, PerfMetrics):
-            return NotImplemented
+    def _sum(self, other: PerfMetrics) -> PerfMetrics:
+        """The combined calls, as a plain :class:`PerfMetrics` (subclasses add their parts)."""
         if other.load_time != self.load_time:  # genai's check: one pipeline's calls only
             raise ValueError("generation metrics can be accumulated only for the same pipeline")
         return PerfMetrics(
@@ -153,11 +152,16 @@ class PerfMetrics:
             self.num_input_tokens + other.num_input_tokens,
         )
 
+    def __add__(self, other: PerfMetrics) -> PerfMetrics:
+        if not isinstance(other, PerfMetrics):
+            return NotImplemented
+        return self._sum(other)
+
     def __iadd__(self, other: PerfMetrics) -> PerfMetrics:
         combined = self + other
-        self.raw_metrics = combined.raw_metrics
-        self.num_generated_tokens = combined.num_generated_tokens
-        self.num_input_tokens = combined.num_input_tokens
+        if combined is NotImplemented:
+            return NotImplemented
+        vars(self).update(vars(combined))  # every field, a subclass's too
         return self
 
     def __repr__(self) -> str:
@@ -198,17 +202,34 @@ class TextResult(str):
         return 1000.0 * self.decode_s / max(len(self.tokens) - 1, 1)
 
 
-class DecodedResults:
-    """Texts, as openvino-genai's ``DecodedResults``: ``num_return_sequences`` entries per
-    prompt, in prompt order.  ``results``: our per-sequence results (tokens, timings)."""
+class _Results:
+    """What genai's ``DecodedResults`` and ``EncodedResults`` share: ``scores``,
+    ``finish_reasons``, ``perf_metrics``, ``extended_perf_metrics`` (speculative decoding's
+    per-model metrics, else None, as genai) and ``results``, our per-sequence results."""
 
-    def __init__(self, results: Sequence[GenerationResult], perf_metrics: PerfMetrics) -> None:
+    def __init__(
+        self,
+        results: Sequence[GenerationResult],
+        perf_metrics: PerfMetrics,
+        extended_perf_metrics: PerfMetrics | None = None,
+    ) -> None:
         self.results = list(results)
-        self.texts = [r.text for r in results]
         self.scores = [float(getattr(r, "score", 0.0)) for r in results]
         self.finish_reasons = [finish_reason(r.finish_reason) for r in results]
         self.perf_metrics = perf_metrics
-        self.extended_perf_metrics = None
+        self.extended_perf_metrics = extended_perf_metrics
+        self._outputs(self.results)
+
+    def _outputs(self, results: list[GenerationResult]) -> None:
+        """Set the outputs of this kind (texts or tokens)."""
+
+
+class DecodedResults(_Results):
+    """Texts, as openvino-genai's ``DecodedResults``: ``num_return_sequences`` entries per
+    prompt, in prompt order."""
+
+    def _outputs(self, results: list[GenerationResult]) -> None:
+        self.texts = [r.text for r in results]
         self.parsed: list[Any] = []
 
     def __str__(self) -> str:  # genai's: the text alone, or "score: text" lines
@@ -220,16 +241,11 @@ class DecodedResults:
         return f"DecodedResults(texts={self.texts!r})"
 
 
-class EncodedResults:
+class EncodedResults(_Results):
     """Token ids, as openvino-genai's ``EncodedResults``: ``tokens`` is one list per sequence."""
 
-    def __init__(self, results: Sequence[GenerationResult], perf_metrics: PerfMetrics) -> None:
-        self.results = list(results)
+    def _outputs(self, results: list[GenerationResult]) -> None:
         self.tokens = [list(r.tokens) for r in results]
-        self.scores = [float(getattr(r, "score", 0.0)) for r in results]
-        self.finish_reasons = [finish_reason(r.finish_reason) for r in results]
-        self.perf_metrics = perf_metrics
-        self.extended_perf_metrics = None
 
     def __repr__(self) -> str:
         return f"EncodedResults(tokens={self.tokens!r})"
@@ -239,15 +255,19 @@ def _us() -> float:
     return time.perf_counter() * 1e6
 
 
-class _TimedRunner:
+class TimedRunner:
     """A runner whose prefill/step calls are timed into a :class:`CallTimer`; each prefill
-    starts a sequence: ``sequences`` holds (its first call's start, each call's end)."""
+    starts a sequence: ``sequences`` holds (its first call's start, each call's end).
+    Beam search times its steps through :meth:`call` and sets ``beam_steps``: genai counts one
+    generated token per beam-search step, whatever the number of beams or results."""
 
     def __init__(self, runner: Runner, timer: CallTimer) -> None:
         self._runner, self._timer = runner, timer
         self.sequences: list[tuple[float, list[float]]] = []
+        self.beam_steps = False
 
-    def _timed(self, run: Any, *args: Any) -> np.ndarray:
+    def call(self, run: Any, *args: Any) -> np.ndarray:
+        """``run(*args)``, timed as one model call (a decode step) of the current sequence."""
         start = _us()
         logits = run(*args)
         end = _us()
@@ -260,10 +280,10 @@ class _TimedRunner:
 
     def prefill(self, ids: np.ndarray, *args: Any) -> np.ndarray:
         self.sequences.append((_us(), []))
-        return self._timed(self._runner.prefill, ids, *args)
+        return self.call(self._runner.prefill, ids, *args)
 
     def step(self, token: int) -> np.ndarray:
-        return self._timed(self._runner.step, token)
+        return self.call(self._runner.step, token)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
@@ -291,7 +311,7 @@ class CallTimer:
 
     def runner(self, runner: Runner) -> Runner:
         """``runner`` with its calls timed, for the sequences of one prompt."""
-        return cast(Runner, _TimedRunner(runner, self))
+        return cast(Runner, TimedRunner(runner, self))
 
     def prompt_done(
         self, timed: Runner, started: float, results: Sequence[GenerationResult], tokenizer: Any
@@ -300,7 +320,10 @@ class CallTimer:
         ``started`` (µs, before its tokenization: its first answer's time to first token
         counts from there); a ``tokenizer`` times the detokenization of each answer (None:
         token ids out, nothing to detokenize)."""
-        sequences = cast(_TimedRunner, timed).sequences
+        beams = cast(TimedRunner, timed).beam_steps
+        sequences = cast(TimedRunner, timed).sequences
+        if beams:  # a token per step (all its beams'), the prefill's included, as genai
+            self.generated += sum(len(ends) for _, ends in sequences)
         for i, result in enumerate(results):
             # beam search prefills once for all its results: those after the first have none
             if i < len(sequences):
@@ -311,7 +334,8 @@ class CallTimer:
             if tokenizer is not None:
                 with self.span("detokenization_durations"):
                     tokenizer.decode(result.tokens)
-            self.generated += len(result.tokens)
+            if not beams:
+                self.generated += len(result.tokens)
 
     def metrics(self) -> PerfMetrics:
         self.raw.generate_durations.append(_us() - self.start)

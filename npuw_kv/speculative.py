@@ -25,10 +25,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from .draft import DraftModel, resolve_draft
+from .draft import DraftModel, build_draft, resolve_draft
 from .generation_config import GenerationConfig
 from .logits_process import log_softmax
+from .results import PerfMetrics
 from .runtime.runner import SPECULATIVE_PATH, Runner
+from .speculative_metrics import ModelCalls, SDPerfMetrics, SDPerModelsPerfMetrics
 
 DEFAULT_ASSISTANT_TOKENS = 5  # genai's when a draft model is given and neither field is set
 # with assistant_confidence_threshold the draft stops at its first unsure token, or here
@@ -91,12 +93,16 @@ class DraftProposer:
         self.runner = runner
         self.threshold = threshold
         self.fed: list[int] = []
-        self.calls = 0
+        self.timing = ModelCalls()  # each draft call: its time and the tokens it picked
+
+    @property
+    def calls(self) -> int:
+        return len(self.timing.durations)
 
     def start(self, prompt: Sequence[int]) -> None:
-        self.runner.prefill(np.asarray(prompt, np.int64))
+        self.timing = ModelCalls()
+        self.timing.run(self.runner.prefill, np.asarray(prompt, np.int64), tokens=0)
         self.fed = list(prompt)
-        self.calls = 1
 
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         logits = self._catch_up(history)
@@ -110,9 +116,8 @@ class DraftProposer:
                 break
             out.append(token)
             if len(out) < k:
-                logits = self.runner.step(token)
+                logits = self.timing.run(self.runner.step, token)
                 self.fed.append(token)
-                self.calls += 1
         return out
 
     def _catch_up(self, history: Sequence[int]) -> np.ndarray | None:
@@ -130,13 +135,13 @@ class DraftProposer:
         missing = list(history[common:])
         chunk = int(getattr(self.runner, "chunk", 1))
         if common and len(missing) <= min(chunk, self.runner.remaining_capacity):
-            logits = self.runner.verify(missing)[-1]
+            logits = self.timing.run(self.runner.verify, missing)[-1]
         elif len(history) <= int(getattr(self.runner, "max_prompt_len", 0)):
-            logits = self.runner.prefill(np.asarray(history, np.int64))  # prefix reuse helps
+            ids = np.asarray(history, np.int64)
+            logits = self.timing.run(self.runner.prefill, ids)  # prefix reuse helps
         else:
             return None
         self.fed = list(history)
-        self.calls += 1
         return logits
 
 
@@ -168,9 +173,11 @@ class SpeculativeRunner:
         self._prompt = 0
         self._pending: deque[tuple[int, np.ndarray]] = deque()
         self._proposed: list[int] = []
+        self.main_calls = ModelCalls()  # each main-model call: its time, the tokens it gave
 
     def prefill(self, ids: np.ndarray, *args: Any) -> np.ndarray:
-        logits = self._runner.prefill(ids, *args)
+        self.main_calls = ModelCalls()
+        logits = self.main_calls.run(self._runner.prefill, ids, *args)
         self.history = [int(t) for t in np.asarray(ids).reshape(-1)]
         self._prompt = len(self.history)
         self._pending.clear()
@@ -182,12 +189,13 @@ class SpeculativeRunner:
         if self._pending and self._pending[0][0] == token:
             self.history.append(token)
             self.counts.accepted += 1
+            self.main_calls.took_another()
             return self._pending.popleft()[1]
         if self._pending:  # the sampler chose another token: the rest is rejected
             self._pending.clear()
             self._runner.truncate(len(self.history))
         self.history.append(token)
-        rows = self._runner.verify([token, *self._candidates()])
+        rows = self.main_calls.run(self._runner.verify, [token, *self._candidates()])
         self.counts.verify_calls += 1
         self.counts.candidates += rows.shape[0] - 1
         self._pending.extend(zip(self._proposed, rows[1:], strict=True))
@@ -319,6 +327,7 @@ class Assisted:
         self.draft = draft
         self.last: SpeculativeStats | None = None
         self._current: SpeculativeRunner | None = None
+        self._done: list[SpeculativeRunner] = []  # this call's prompts (extended metrics)
 
     @classmethod
     def build(cls, plan: Plan, pipe: Any, settings: Mapping[str, Any]) -> Assisted:
@@ -336,7 +345,9 @@ class Assisted:
         return cls(mode, runner)
 
     def check(self, config: GenerationConfig) -> None:
+        """Refuse what ``config`` asks that this pipeline cannot do; a generate call starts."""
         check_config(config, self.mode)
+        self._done = []
 
     def runner(self, runner: Runner, config: GenerationConfig) -> Runner:
         """``runner``, wrapped for this call when the pipeline speculates."""
@@ -356,32 +367,23 @@ class Assisted:
     def finish(self) -> None:
         if self._current is not None:
             self._current.finish()
+            self._done.append(self._current)
             self._current = None
+
+    def extended_metrics(self, metrics: PerfMetrics) -> SDPerModelsPerfMetrics | None:
+        """genai's ``extended_perf_metrics`` for the call that ``metrics`` measured: the
+        main and draft models' calls and the candidates' counts with a draft model; None
+        otherwise (genai's prompt lookup returns None too)."""
+        done, self._done = self._done, []
+        if self.draft is None or not done:
+            return None
+        main = SDPerfMetrics.of([r.main_calls for r in done], metrics.load_time, 0)
+        drafts = [cast(DraftProposer, r.source).timing for r in done]
+        draft = SDPerfMetrics.of(drafts, metrics.load_time, 0)
+        accepted = sum(r.counts.accepted for r in done)
+        return SDPerModelsPerfMetrics(
+            metrics, main, draft, accepted, sum(r.counts.candidates for r in done)
+        )
 
     def stats(self) -> dict[str, Any]:
         return {"speculative": self.last.as_dict()} if self.last is not None else {}
-
-
-def build_draft(
-    draft: DraftModel, main_device: str, settings: Mapping[str, Any]
-) -> tuple[Runner, int]:
-    """The draft's runner (PagedAttention on CPU) and vocabulary size.  It takes the main
-    pipeline's settings (chunk, lengths, precision) with the draft's own properties on top."""
-    import openvino as ov
-
-    from .config import PipelineConfig
-    from .model.source import resolve_model, trained_context
-    from .model.variants import read_ir
-    from .runtime.build import build_runner
-
-    merged = {**settings, **draft.properties}
-    config = PipelineConfig.from_kwargs(draft.device or main_device, **merged)
-    if not config.paged:
-        raise ValueError(f"draft_model on {config.device}: {SPECULATIVE_PATH}")
-    path = resolve_model(draft.path, zero_points=config.gguf_zero_points)
-    core = ov.Core()
-    capacity = config.kv_capacity(trained_context(path))
-    built = build_runner(core, path, read_ir(core, path), config, capacity, merged)
-    if not built.config.paged:  # PagedAttention did not compile: auto fell back
-        raise ValueError(f"draft_model: {SPECULATIVE_PATH}")
-    return built.runner, built.vocab_size

@@ -175,3 +175,15 @@ def tiny_reference(tiny_dir):
         return [int(t) for t in pipe.generate(ov.Tensor(ids[None]), config).tokens[0]]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def f32_pipe(smol_dir: Path) -> LLMPipeline:
+    """Our exact-f32 pipeline on the CPU default path (PagedAttention, f32 KV cache)."""
+    return make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
+
+
+@pytest.fixture(scope="module")
+def genai_f32_pipe(smol_dir: Path) -> openvino_genai.LLMPipeline:
+    """openvino-genai's CPU pipeline at exact f32 with an f32 KV cache: f32_pipe's reference."""
+    return openvino_genai.LLMPipeline(str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)

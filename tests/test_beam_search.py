@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import openvino as ov
-import openvino_genai
 import pytest
 from conftest import make_pipe
 
-from npuw_kv.config import EXACT_F32
 from npuw_kv.generation_config import GenerationConfig
 from npuw_kv.kv.blocks.sequence import blocks_for
 
@@ -23,25 +21,15 @@ SCORE_TOL = 1e-5  # float32 sums of log-probs; measured differences are <= 1.2e-
 
 
 @pytest.fixture(scope="module")
-def pipe(smol_dir):
-    return make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
-
-
-@pytest.fixture(scope="module")
-def genai_pipe(smol_dir):
-    return openvino_genai.LLMPipeline(str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
-
-
-@pytest.fixture(scope="module")
-def both(pipe, genai_pipe):
+def both(f32_pipe, genai_f32_pipe):
     """``both(ids, **settings)``: (genai's EncodedResults, ours) for the same config."""
-    eos = pipe.tokenizer.get_eos_token_id()
+    eos = f32_pipe.tokenizer.get_eos_token_id()
 
     def run(ids, **settings):
-        config = GenerationConfig.build(pipe.get_generation_config(), **settings)
+        config = GenerationConfig.build(f32_pipe.get_generation_config(), **settings)
         tensor = ov.Tensor(np.array([ids], np.int64))
-        theirs = genai_pipe.generate(tensor, config.to_genai())
-        ours = pipe.generate(tensor, config)
+        theirs = genai_f32_pipe.generate(tensor, config.to_genai())
+        ours = f32_pipe.generate(tensor, config)
         tokens = [[int(t) for t in seq] for seq in theirs.tokens]
         tokens = [seq[:-1] if seq and seq[-1] == eos else seq for seq in tokens]
         return (tokens, list(theirs.scores)), ours
@@ -56,8 +44,8 @@ def assert_same(theirs, ours) -> None:
 
 
 @pytest.fixture(scope="module")
-def chat_ids(pipe):
-    return lambda text: pipe.encode(text).tolist()
+def chat_ids(f32_pipe):
+    return lambda text: f32_pipe.encode(text).tolist()
 
 
 @pytest.mark.parametrize("length", [16, 200, 500])
@@ -98,25 +86,48 @@ def test_length_penalty_and_stop_criteria_as_genai(both, chat_ids, settings):
     assert (ours.tokens, ours.scores) != (default.tokens, default.scores)
 
 
-def test_a_batch_of_prompts_gives_each_its_beams(pipe, genai_pipe):
+def test_a_batch_of_prompts_gives_each_its_beams(f32_pipe, genai_f32_pipe):
     prompts = ["Hi", "What is 2+2?"]
     config = GenerationConfig.build(
-        pipe.get_generation_config(), num_beams=3, num_return_sequences=3, max_new_tokens=8
+        f32_pipe.get_generation_config(), num_beams=3, num_return_sequences=3, max_new_tokens=8
     )
-    ours = pipe.generate(prompts, config)
-    theirs = genai_pipe.generate(prompts, config.to_genai())
+    ours = f32_pipe.generate(prompts, config)
+    theirs = genai_f32_pipe.generate(prompts, config.to_genai())
     assert len(ours.texts) == 6 and ours.texts == theirs.texts
     np.testing.assert_allclose(ours.scores, theirs.scores, rtol=0, atol=SCORE_TOL)
 
 
-def test_beams_share_the_prompt_blocks_and_copy_on_write(pipe, text_ids, genai_reference):
+def test_beam_steps_are_timed_as_genai_counts_them(f32_pipe, genai_f32_pipe):
+    """PerfMetrics of beam search: one generated token per step (all beams', as genai counts
+    it, the prefill's first included), a TPOT value per step after the first, one TTFT per
+    prompt; the counts equal genai's for the same sequences."""
+    prompts = ["What is 2+2? Answer with one digit.", "Hi"]
+    config = GenerationConfig.build(
+        f32_pipe.get_generation_config(), num_beams=4, num_return_sequences=4, max_new_tokens=12
+    )
+    ours = f32_pipe.generate(prompts, config)
+    theirs = genai_f32_pipe.generate(prompts, config.to_genai())
+    assert ours.texts == theirs.texts
+    metrics, raw = ours.perf_metrics, ours.perf_metrics.raw_metrics
+    steps = theirs.perf_metrics.get_num_generated_tokens()
+    assert metrics.get_num_generated_tokens() == steps
+    assert steps < sum(len(r.tokens) for r in ours.results)
+    assert len(raw.m_times_to_first_token) == 2
+    assert len(raw.m_durations) == steps - 2  # per prompt: every step after its first
+    assert len(raw.token_infer_durations) == steps  # the prefills and every beam step
+    assert metrics.get_tpot().mean > 0 and metrics.get_ttft().mean > 0
+    assert metrics.get_throughput().mean == pytest.approx(1000 / metrics.get_tpot().mean)
+    assert sum(raw.m_durations) < raw.generate_durations[0]
+
+
+def test_beams_share_the_prompt_blocks_and_copy_on_write(f32_pipe, text_ids, genai_reference):
     """The prompt's full blocks are in every beam's table once, not once per beam; a beam
     forked from another copies only the block it will write next.  The cache stays usable."""
     ids = text_ids(500)
-    runner = pipe.runner
+    runner = f32_pipe.runner
     copied = runner.host_bytes_copied
-    greedy = pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
-    pipe.generate(ids, num_beams=4, max_new_tokens=16)
+    greedy = f32_pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+    f32_pipe.generate(ids, num_beams=4, max_new_tokens=16)
     size = runner.cache.block_size
     prompt_full = len(ids) // size
     tail = blocks_for(len(ids) + 16, size) - prompt_full  # one beam's own blocks at most
@@ -126,7 +137,7 @@ def test_beams_share_the_prompt_blocks_and_copy_on_write(pipe, text_ids, genai_r
     assert runner.host_bytes_copied - copied == runner.beam_copied_bytes
     # the next call starts from a valid cache: the same greedy tokens as before, and genai's
     assert (
-        pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+        f32_pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
         == greedy
         == genai_reference(ids, 8)
     )
@@ -141,9 +152,9 @@ def test_static_path_refuses_beams_and_stays_usable(smol_dir, text_ids):
     assert static.generate(ids, max_new_tokens=6).tokens == before
 
 
-def test_streamer_is_refused_with_beams(pipe, text_ids):
+def test_streamer_is_refused_with_beams(f32_pipe, text_ids):
     with pytest.raises(ValueError, match="streamer.*num_beams=2"):
-        pipe.generate(text_ids(16), num_beams=2, max_new_tokens=4, streamer=lambda s: None)
+        f32_pipe.generate(text_ids(16), num_beams=2, max_new_tokens=4, streamer=lambda s: None)
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 import pytest
-from conftest import make_pipe
 
-from npuw_kv.config import EXACT_F32
 from npuw_kv.decode import generate_sequences, generate_tokens
 from npuw_kv.generation_config import SIZE_MAX, GenerationConfig
 from npuw_kv.logits_process import LogitsConstraint, log_softmax
@@ -24,28 +22,18 @@ COUNT = "Count: 1, 2, 3, 4, 5, 6,"
 
 
 @pytest.fixture(scope="module")
-def pipe(smol_dir):
-    return make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
-
-
-@pytest.fixture(scope="module")
-def genai_pipe(smol_dir):
-    return openvino_genai.LLMPipeline(str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
-
-
-@pytest.fixture(scope="module")
-def both(pipe, genai_pipe):
+def both(f32_pipe, genai_f32_pipe):
     """``both(prompt, **settings)``: (genai's tokens or text, ours: GenerationResult); a
     prompt given as token ids gives genai's tokens, text gives its text."""
 
     def run(prompt, **settings):
-        config = GenerationConfig.build(pipe.get_generation_config(), **settings)
+        config = GenerationConfig.build(f32_pipe.get_generation_config(), **settings)
         if isinstance(prompt, str):
-            return genai_pipe.generate([prompt], config.to_genai()).texts[0], pipe.generate(
+            return genai_f32_pipe.generate([prompt], config.to_genai()).texts[0], f32_pipe.generate(
                 prompt, config
             )
-        theirs = genai_pipe.generate(ov.Tensor(np.array([prompt], np.int64)), config.to_genai())
-        return ([int(t) for t in theirs.tokens[0]], theirs.scores[0]), pipe.generate(
+        theirs = genai_f32_pipe.generate(ov.Tensor(np.array([prompt], np.int64)), config.to_genai())
+        return ([int(t) for t in theirs.tokens[0]], theirs.scores[0]), f32_pipe.generate(
             np.array(prompt, np.int64), config
         )
 
@@ -53,13 +41,13 @@ def both(pipe, genai_pipe):
 
 
 @pytest.fixture(scope="module")
-def yes_ids(pipe):
-    return pipe.encode("Say only the word yes.").tolist()  # the answer ends at EOS early
+def yes_ids(f32_pipe):
+    return f32_pipe.encode("Say only the word yes.").tolist()  # the answer ends at EOS early
 
 
 @pytest.fixture(scope="module")
-def count_ids(pipe):
-    return pipe.encode(COUNT, template=False).tolist()
+def count_ids(f32_pipe):
+    return f32_pipe.encode(COUNT, template=False).tolist()
 
 
 def genai_fields() -> set[str]:
@@ -136,13 +124,15 @@ def test_unsupported_fields_are_refused_by_name(name, value, reason):
     ("name", "value"),
     [("num_assistant_tokens", 5), ("assistant_confidence_threshold", 0.4)],
 )
-def test_assisted_fields_need_a_speculative_pipeline(pipe, count_ids, name, value):
+def test_assisted_fields_need_a_speculative_pipeline(f32_pipe, count_ids, name, value):
     """Assisted generation is honoured by a pipeline made with prompt_lookup / draft_model
     (tests/test_speculative.py); any other refuses the field by name and stays usable."""
     assert getattr(GenerationConfig(**{name: value}), name) == value
     with pytest.raises(ValueError, match=f"{name}=.*prompt_lookup=True or draft_model"):
-        pipe.generate(np.array(count_ids), max_new_tokens=2, **{name: value})
-    assert len(pipe.generate(np.array(count_ids), max_new_tokens=2, ignore_eos=True).tokens) == 2
+        f32_pipe.generate(np.array(count_ids), max_new_tokens=2, **{name: value})
+    assert (
+        len(f32_pipe.generate(np.array(count_ids), max_new_tokens=2, ignore_eos=True).tokens) == 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -163,12 +153,12 @@ def test_bad_values_name_the_field(settings, message):
         GenerationConfig(**settings)
 
 
-def test_a_genai_config_drives_generate(pipe, count_ids):
+def test_a_genai_config_drives_generate(f32_pipe, count_ids):
     theirs = openvino_genai.GenerationConfig()
     theirs.max_new_tokens, theirs.ignore_eos, theirs.no_repeat_ngram_size = 4, True, 2
-    result = pipe.generate(np.array(count_ids), theirs)
+    result = f32_pipe.generate(np.array(count_ids), theirs)
     assert len(result.tokens) == 4
-    assert result.tokens != pipe.generate(np.array(count_ids), max_new_tokens=4).tokens
+    assert result.tokens != f32_pipe.generate(np.array(count_ids), max_new_tokens=4).tokens
 
 
 # -- fields that change the output as genai's do ------------------------------------------------
@@ -190,14 +180,14 @@ def test_stop_tokens_and_min_new_tokens_match_genai(both, yes_ids):
         {"presence_penalty": -1.0, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
     ],
 )
-def test_presence_and_frequency_penalties_match_genai(both, pipe, settings):
-    ids = pipe.encode("Repeat the word hello ten times.").tolist()
-    plain = pipe.generate(np.array(ids), max_new_tokens=10, ignore_eos=True)
+def test_presence_and_frequency_penalties_match_genai(both, f32_pipe, settings):
+    ids = f32_pipe.encode("Repeat the word hello ten times.").tolist()
+    plain = f32_pipe.generate(np.array(ids), max_new_tokens=10, ignore_eos=True)
     (theirs, _), ours = both(ids, max_new_tokens=10, ignore_eos=True, **settings)
     assert ours.tokens == theirs != plain.tokens
 
 
-def test_max_length_and_stop_strings_in_output_match_genai(both, pipe, count_ids):
+def test_max_length_and_stop_strings_in_output_match_genai(both, f32_pipe, count_ids):
     (theirs, _), ours = both(count_ids, max_length=len(count_ids) + 4)
     assert ours.tokens == theirs and len(theirs) == 4 and ours.finish_reason == "length"
     (theirs, _), ours = both(count_ids, max_length=len(count_ids) + 9, max_new_tokens=2)
@@ -208,21 +198,21 @@ def test_max_length_and_stop_strings_in_output_match_genai(both, pipe, count_ids
         )
         assert ours.tokens == theirs and ours.text.endswith(stop) and ours.finish_reason == "stop"
     with pytest.raises(ValueError, match="max_length .* must be greater than the prompt"):
-        pipe.generate(np.array(count_ids), max_length=len(count_ids))  # genai refuses it too
+        f32_pipe.generate(np.array(count_ids), max_length=len(count_ids))  # genai refuses it too
 
 
-def test_echo_matches_genai_and_streams_the_prompt(both, pipe):
+def test_echo_matches_genai_and_streams_the_prompt(both, f32_pipe):
     for prompt, template in ((COUNT, False), ("Say only yes.", True)):
         theirs, ours = both(prompt, max_new_tokens=5, echo=True, apply_chat_template=template)
         assert ours.text == theirs and len(ours.tokens) == 5
     streamed: list[str] = []
-    result = pipe.generate(
+    result = f32_pipe.generate(
         COUNT, max_new_tokens=3, echo=True, apply_chat_template=False, streamer=streamed.append
     )
     assert result.text.startswith(COUNT) and "".join(streamed) == result.text
 
 
-def test_logprobs_are_genai_scores(both, pipe, yes_ids):
+def test_logprobs_are_genai_scores(both, f32_pipe, yes_ids):
     (theirs, score), ours = both(yes_ids, max_new_tokens=20, logprobs=3)
     assert ours.tokens == theirs[:-1] and score < -1
     assert ours.score == pytest.approx(score, abs=0.02)  # both count the EOS that stopped it
@@ -234,10 +224,10 @@ def test_logprobs_are_genai_scores(both, pipe, yes_ids):
     assert score == plain.score == 0.0 and plain.top_logprobs == []  # greedy scores nothing
 
 
-def test_no_repeat_ngram_size_keeps_ngrams_unique(pipe, count_ids):
+def test_no_repeat_ngram_size_keeps_ngrams_unique(f32_pipe, count_ids):
     """genai applies no_repeat_ngram_size in beam search only; here in every mode (as HF)."""
-    plain = pipe.generate(np.array(count_ids), max_new_tokens=8, ignore_eos=True)
-    ours = pipe.generate(
+    plain = f32_pipe.generate(np.array(count_ids), max_new_tokens=8, ignore_eos=True)
+    ours = f32_pipe.generate(
         np.array(count_ids), max_new_tokens=8, ignore_eos=True, no_repeat_ngram_size=2
     )
     full = count_ids + ours.tokens
@@ -248,20 +238,22 @@ def test_no_repeat_ngram_size_keeps_ngrams_unique(pipe, count_ids):
 
 
 # -- sampling, several sequences, constraints ---------------------------------------------------
-def test_num_return_sequences_are_independent_and_seeded(pipe, yes_ids):
+def test_num_return_sequences_are_independent_and_seeded(f32_pipe, yes_ids):
     ids = np.array(yes_ids)
     config = GenerationConfig(
         max_new_tokens=6, ignore_eos=True, do_sample=True, num_return_sequences=3, rng_seed=5
     )
-    runs = [generate_sequences(pipe.runner, pipe.tokenizer, ids, config) for _ in range(2)]
+    runs = [generate_sequences(f32_pipe.runner, f32_pipe.tokenizer, ids, config) for _ in range(2)]
     assert [r.tokens for r in runs[0]] == [r.tokens for r in runs[1]]  # seeded
     assert len(runs[0]) == 3 and len({tuple(r.tokens) for r in runs[0]}) > 1
     assert all(r.score < 0 and len(r.logprobs) == 6 for r in runs[0])  # sampled: scored
     with pytest.raises(ValueError, match="a streamer takes one sequence"):
-        generate_sequences(pipe.runner, pipe.tokenizer, ids, config, streamer=print)
+        generate_sequences(f32_pipe.runner, f32_pipe.tokenizer, ids, config, streamer=print)
     one = GenerationConfig.build(config, num_return_sequences=1, rng_seed=0)
     default = GenerationConfig.build(one, rng_seed=GenerationConfig().rng_seed)
-    assert pipe.generate(ids, one).tokens == pipe.generate(ids, default).tokens  # genai: seed 0
+    assert (
+        f32_pipe.generate(ids, one).tokens == f32_pipe.generate(ids, default).tokens
+    )  # genai: seed 0
 
 
 class Spell:
@@ -283,13 +275,15 @@ class Spell:
         return self.at == len(self.tokens)
 
 
-def test_a_constraint_steers_and_ends_generation(pipe, yes_ids):
+def test_a_constraint_steers_and_ends_generation(f32_pipe, yes_ids):
     ids, want = np.array(yes_ids), [2822, 11, 2822]
     assert isinstance(Spell(want), LogitsConstraint)
     for do_sample in (False, True):
         config = GenerationConfig(max_new_tokens=10, do_sample=do_sample, logprobs=1)
-        result = generate_tokens(pipe.runner, pipe.tokenizer, ids, config, None, None, Spell(want))
+        result = generate_tokens(
+            f32_pipe.runner, f32_pipe.tokenizer, ids, config, None, None, Spell(want)
+        )
         assert result.tokens == want and result.finish_reason == "stop"
     config = GenerationConfig(max_new_tokens=10, structured_output_config=object())
     with pytest.raises(ValueError, match="structured_output_config"):
-        generate_tokens(pipe.runner, pipe.tokenizer, ids, config, None)
+        generate_tokens(f32_pipe.runner, f32_pipe.tokenizer, ids, config, None)

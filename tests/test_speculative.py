@@ -9,6 +9,7 @@ and the KV cache must hold afterwards exactly what plain decoding leaves.
 from __future__ import annotations
 
 import numpy as np
+import openvino as ov
 import openvino_genai
 import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe, make_tiny_gguf
@@ -116,6 +117,80 @@ def test_draft_confidence_threshold(greedy, good_draft, code_ids):
     config.assistant_confidence_threshold = 0.4
     assert good_draft.generate(code_ids, config).tokens == want
     assert good_draft.kv_stats()["speculative"]["accepted"] > 0
+
+
+@pytest.fixture(scope="module")
+def genai_draft(smol_dir):
+    """openvino-genai's own speculative pipeline, exact f32, the same model as its draft."""
+    exact = dict(KV_CACHE_PRECISION="f32", **EXACT_F32)
+    draft = openvino_genai.draft_model(str(smol_dir), "CPU", **exact)
+    return openvino_genai.LLMPipeline(str(smol_dir), "CPU", draft_model=draft, **exact)
+
+
+def test_draft_model_extended_perf_metrics(good_draft, genai_draft, code_ids, monkeypatch):
+    """``extended_perf_metrics`` as genai's ``SDPerModelsPerfMetrics``: main model calls,
+    draft calls and accepted candidates as the speculative loop counted them; each main
+    call gives the answer tokens genai's gives (1 + its accepted candidates)."""
+    tensor = ov.Tensor(np.array([code_ids], np.int64))
+    args = {"max_new_tokens": 24, "ignore_eos": True, "num_assistant_tokens": 4}
+    calls = count_infers(good_draft, monkeypatch)
+    result = good_draft.generate(tensor, **args)
+    stats = good_draft.kv_stats()["speculative"]
+    ext = result.extended_perf_metrics
+    main, draft = ext.main_model_metrics, ext.draft_model_metrics
+    assert len(result.tokens[0]) == 24
+    assert ext.get_num_accepted_tokens() == stats["accepted"] > 10
+    assert ext.get_num_draft_tokens() == stats["candidates"]
+    assert ext.get_num_rejected_tokens() == stats["candidates"] - stats["accepted"]
+    assert ext.get_draft_acceptance_rate() == stats["acceptance_rate"]
+    sizes = list(main.raw_metrics.m_batch_sizes)
+    assert len(main.raw_metrics.m_durations) == len(sizes) == len(calls)  # prefill + verifies
+    assert len(sizes) == stats["verify_calls"] + 1
+    assert main.get_num_generated_tokens() == sum(sizes) == 24
+    assert sum(sizes) - len(sizes) == stats["accepted"]  # per call: 1 + accepted candidates
+    theirs = genai_draft.generate(tensor, **args).extended_perf_metrics.main_model_metrics
+    assert sizes == list(theirs.raw_metrics.m_batch_sizes)  # [1, 5, 5, 5, 5, 3]
+    assert len(draft.raw_metrics.m_durations) == stats["draft_calls"]
+    assert ext.get_num_draft_processed_tokens() == draft.get_num_generated_tokens()
+    assert draft.get_num_generated_tokens() >= stats["candidates"]
+    # the call's own metrics, and genai's formulas over the main model's call durations (µs)
+    assert ext.get_num_generated_tokens() == result.perf_metrics.get_num_generated_tokens()
+    assert ext.get_ttft() == result.perf_metrics.get_ttft()
+    us = list(main.raw_metrics.m_durations)
+    assert main.get_ttft().mean == pytest.approx(us[0] / 1000)
+    assert main.get_ttst().mean == pytest.approx(us[1] / 1000)
+    assert main.get_latency().mean == pytest.approx(np.mean(us[2:]) / 1000)
+    per_token = np.array(us[2:]) / np.array(sizes[2:]) / 1000
+    assert tuple(main.get_tpot()) == pytest.approx((per_token.mean(), per_token.std()))
+    assert main.get_throughput().mean == pytest.approx(1000 / per_token.mean())
+    assert main.get_inference_duration().mean == pytest.approx(sum(us) / 1000)
+    assert 0 < main.get_inference_duration().mean < result.perf_metrics.get_generate_duration().mean
+    ratio = draft.get_inference_duration().mean / main.get_inference_duration().mean
+    assert ext.get_draft_to_main_inference_duration_ratio() == pytest.approx(ratio)
+    for cls, ours in (("SDPerModelsPerfMetrics", ext), ("SDPerfMetrics", main)):
+        names = dir(getattr(openvino_genai.py_openvino_genai, cls))
+        assert not [n for n in names if not n.startswith("_") and not hasattr(ours, n)]
+
+
+def test_extended_perf_metrics_of_a_batch_and_summed(good_draft, lookup, code_ids):
+    """A batch's prompts each count (per-prompt TTFT/TTST); ``+`` / ``+=`` add calls as
+    genai's; prompt lookup returns None there, as genai's does."""
+    prompts = ["Repeat: a b c a b c a b c", "Count from one to ten."]
+    batch = good_draft.generate(prompts, max_new_tokens=10, ignore_eos=True)
+    ext = batch.extended_perf_metrics
+    main = ext.main_model_metrics
+    assert main.get_num_generated_tokens() == 20 == ext.get_num_generated_tokens()
+    assert len(main.raw_metrics.m_times_to_first_token) == 2 == len(main.segments)
+    assert main.get_ttst().std > 0  # two prompts' second calls
+    one = good_draft.generate(prompts[:1], max_new_tokens=6, ignore_eos=True)
+    total = ext + one.extended_perf_metrics
+    assert total.get_num_accepted_tokens() == (
+        ext.get_num_accepted_tokens() + one.extended_perf_metrics.get_num_accepted_tokens()
+    )
+    assert total.main_model_metrics.get_num_generated_tokens() == 26
+    ext += one.extended_perf_metrics
+    assert ext.main_model_metrics.segments == total.main_model_metrics.segments
+    assert lookup.generate([CODE], max_new_tokens=4, **LOOKUP).extended_perf_metrics is None
 
 
 def test_unchanged_sample_contract(plain, lookup, smol_dir):

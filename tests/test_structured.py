@@ -10,19 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import openvino_genai
 import pytest
-from conftest import make_pipe
 
 from npuw_kv.config import EXACT_F32
 from npuw_kv.decode import generate_tokens
 from npuw_kv.generation_config import GenerationConfig
+from npuw_kv.grammar import grammar_source
 from npuw_kv.logits_process import LogitsConstraint
-from npuw_kv.structured import (
-    GrammarConstraint,
-    _backend,
-    constraint_for,
-    grammar_source,
-    vocab_type_of,
-)
+from npuw_kv.structured import GrammarConstraint, _backend, constraint_for, vocab_type_of
 
 SOC = openvino_genai.StructuredOutputConfig
 VOCAB = 49152  # SmolLM2's tokenizer and model
@@ -222,23 +216,17 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pipe(smol_dir):
-    # the exact-f32 CPU/PagedAttention pipeline other tests share (conftest.BACKENDS)
-    return make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
-
-
-def test_generation_follows_the_schema_as_genai_does(pipe, smol_dir):
+def test_generation_follows_the_schema_as_genai_does(f32_pipe, smol_dir):
     soc = SOC(json_schema=json.dumps(PERSON))
     reference = openvino_genai.LLMPipeline(
         str(smol_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32
     )
     for prompt in PROMPTS:
         config = GenerationConfig(max_new_tokens=60, structured_output_config=soc, eos_token_id=EOS)
-        constraint = constraint_for(soc, pipe.tokenizer, pipe.vocab_size, config.stop_ids())
-        ids = pipe.encode(prompt)
+        constraint = constraint_for(soc, f32_pipe.tokenizer, f32_pipe.vocab_size, config.stop_ids())
+        ids = f32_pipe.encode(prompt)
         result = generate_tokens(
-            pipe.runner, pipe.tokenizer, ids, config, None, constraint=constraint
+            f32_pipe.runner, f32_pipe.tokenizer, ids, config, None, constraint=constraint
         )
         assert result.finish_reason == "stop"
         check_person(json.loads(result.text))
@@ -249,10 +237,10 @@ def test_generation_follows_the_schema_as_genai_does(pipe, smol_dir):
     del reference
 
 
-def test_sampled_generation_stays_in_the_grammar(pipe):
+def test_sampled_generation_stays_in_the_grammar(f32_pipe):
     """Temperature / top-k / top-p / repetition penalty over the masked logits: still JSON."""
     soc = SOC(json_schema=json.dumps(PERSON))
-    ids = pipe.encode(PROMPTS[0])
+    ids = f32_pipe.encode(PROMPTS[0])
     for seed in range(2):
         config = GenerationConfig(
             max_new_tokens=80,
@@ -264,9 +252,9 @@ def test_sampled_generation_stays_in_the_grammar(pipe):
             repetition_penalty=1.1,
             rng_seed=seed,
         )
-        constraint = constraint_for(soc, pipe.tokenizer, pipe.vocab_size, config.stop_ids())
+        constraint = constraint_for(soc, f32_pipe.tokenizer, f32_pipe.vocab_size, config.stop_ids())
         result = generate_tokens(
-            pipe.runner, pipe.tokenizer, ids, config, None, constraint=constraint
+            f32_pipe.runner, f32_pipe.tokenizer, ids, config, None, constraint=constraint
         )
         assert result.finish_reason == "stop"
         check_person(json.loads(result.text))
@@ -274,6 +262,8 @@ def test_sampled_generation_stays_in_the_grammar(pipe):
     config = GenerationConfig(
         max_new_tokens=20, structured_output_config=regex, eos_token_id=EOS, ignore_eos=True
     )
-    constraint = constraint_for(regex, pipe.tokenizer, pipe.vocab_size, config.stop_ids())
-    result = generate_tokens(pipe.runner, pipe.tokenizer, ids, config, None, constraint=constraint)
+    constraint = constraint_for(regex, f32_pipe.tokenizer, f32_pipe.vocab_size, config.stop_ids())
+    result = generate_tokens(
+        f32_pipe.runner, f32_pipe.tokenizer, ids, config, None, constraint=constraint
+    )
     assert result.finish_reason == "stop" and len(result.tokens) == 3 and result.text.isdigit()
