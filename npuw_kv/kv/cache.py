@@ -141,11 +141,6 @@ class SharedKVCache:
         specs = [s for s in self.specs.values() if not s.ring]
         return self.nbytes_for(specs, 1, self.precision)
 
-    @property
-    def rings(self) -> dict[str, int]:
-        """Buffers kept as rings, and their slots."""
-        return {name: spec.ring for name, spec in self.specs.items() if spec.ring}
-
     def view(self, name: str, start: int, stop: int, seq_axis: int | None = None) -> ov.Tensor:
         """ROI tensor over token slots ``[start, stop)`` of one buffer (shares its memory),
         laid out along ``seq_axis`` (default: the buffer's own)."""
