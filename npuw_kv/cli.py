@@ -196,7 +196,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
             args.chunks,
             progress,
             peer=not args.no_peer,
-            torch_source=torch_weights(args.model_source),
+            torch_source=None if args.no_peer else torch_weights(args.model_source),
         )
     print(report.table(results))
     command = "npuw-kv " + " ".join(sys.argv[1:]) if sys.argv[1:] else "npuw-kv accuracy"

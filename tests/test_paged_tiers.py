@@ -103,7 +103,9 @@ def test_smollm2_prefix_restored_from_the_host_tier(smol_dir):
     assert stats["reused_tokens"] == 512 - BLOCK
     assert stats["host_tier_bytes_restored"] > 0
     assert warm.tokens == cold.tokens
-    np.testing.assert_array_equal(warm.first_logits, cold.first_logits)
+    # the warm run's one chunk is 16 rows, the cold run's 256: on an AVX2-only CPU the kernel
+    # sums them in another order (3.5e-5 measured); a wrong restored block moves logits by O(1)
+    assert np.abs(warm.first_logits - cold.first_logits).max() < 1e-4
 
 
 # -- window shares ----------------------------------------------------------------------------

