@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .config import ATTENTION_BACKENDS, EXACT_F32, GGUF_ZERO_POINTS, KV_PRECISIONS, PipelineConfig
+from .config import PipelineConfig
+from .settings import ATTENTION_BACKENDS, EXACT_F32, GGUF_ZERO_POINTS, KV_PRECISIONS
 
 _DEFAULTS = PipelineConfig()
 

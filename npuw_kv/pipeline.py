@@ -24,7 +24,7 @@ import openvino_genai
 from . import speculative
 from .beam_search import beam_search
 from .chat_prefix import system_prompt_tokens
-from .config import PipelineConfig, label
+from .config import PipelineConfig
 from .decode import GenerationResult, Streamer, generate_sequences
 from .draft import record_genai_drafts
 from .errors import ModelLoadError
@@ -45,6 +45,7 @@ from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .runtime.paged_runner import PagedRunner
 from .runtime.runner import Runner
 from .sampling import GenerationConfig
+from .settings import label
 
 T = TypeVar("T")
 record_genai_drafts()  # openvino_genai.draft_model objects become readable

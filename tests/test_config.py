@@ -7,8 +7,9 @@ import warnings
 import openvino as ov
 import pytest
 
-from npuw_kv.config import EXACT_F32, PipelineConfig
+from npuw_kv.config import PipelineConfig
 from npuw_kv.runtime.compile import resolve_kv_precision
+from npuw_kv.settings import EXACT_F32
 
 
 def test_npuw_names_set_the_same_fields():

@@ -21,9 +21,9 @@ import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
 
 from npuw_kv import LLMPipeline
-from npuw_kv.config import EXACT_F32
 from npuw_kv.decode import GenerationResult
 from npuw_kv.results import DecodedResults, EncodedResults, PerfMetrics, TextResult
+from npuw_kv.settings import EXACT_F32
 
 QUESTION = "What is the capital of France?"
 NEW = 6

@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.config import EXACT_F32, PipelineConfig
+from npuw_kv.config import PipelineConfig
 from npuw_kv.model.variants import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.settings import EXACT_F32
 
 C = 16
 # NPUW's default partitioning cannot run these tiny graphs (see test_tiny_model.py)

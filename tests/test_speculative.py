@@ -16,8 +16,8 @@ from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe, make_tiny_gguf
 
 import npuw_kv
 from npuw_kv import LLMPipeline
-from npuw_kv.config import EXACT_F32
 from npuw_kv.model.source import resolve_model
+from npuw_kv.settings import EXACT_F32
 
 SETTINGS = dict(
     prefill_chunk_size=CHUNK,

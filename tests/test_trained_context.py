@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npuw_kv.config import EXACT_F32
 from npuw_kv.model.source import SOURCE_INFO, resolve_model, trained_context
 from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.settings import EXACT_F32
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402

@@ -21,7 +21,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
-from ..config import EXACT_F32
+from ..settings import EXACT_F32
 
 EXACT_REFERENCE = {**EXACT_F32, "KV_CACHE_PRECISION": "f32"}
 

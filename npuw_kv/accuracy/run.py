@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import EXACT_F32
 from ..pipeline import LLMPipeline
 from ..prompts import prompt_ids, stdlib_text
 from ..runtime.compile import last_line
+from ..settings import EXACT_F32
 from . import metrics
 from .reference import (
     EXACT_REFERENCE,

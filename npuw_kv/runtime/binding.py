@@ -46,10 +46,10 @@ from typing import Literal
 import numpy as np
 import openvino as ov
 
-from ..config import KV_BINDINGS
 from ..kv.cache import SEQ_AXIS, SharedKVCache, seq_slice
 from ..kv.copy import CopyCounter, safe_copy
 from ..model.transforms import tail_input
+from ..settings import KV_BINDINGS
 from .rings import ring_segments
 
 # how a port's tensor reaches the request: the cache's own memory, or dense host staging

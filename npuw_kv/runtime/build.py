@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino as ov
 
-from ..config import STORE_BLOCK_TOKENS, PipelineConfig, label
+from ..config import PipelineConfig
 from ..errors import CompileError
 from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
@@ -29,6 +29,7 @@ from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window
 from ..model.variants import StaticShapes, prepare, read_ir
+from ..settings import STORE_BLOCK_TOKENS, label
 from .compile import compile_paged, compile_requests, last_line, resolve_kv_precision
 from .paged_runner import PagedRunner
 from .runner import Runner

@@ -9,12 +9,13 @@ from typing import Any
 
 import openvino as ov
 
-from ..config import PipelineConfig, label
+from ..config import PipelineConfig
 from ..errors import CompileError, ModelLayoutError
 from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
 from ..model.variants import Ladder, StaticShapes, shared_dynamic, static_ladder
+from ..settings import label
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..config import STORE_BLOCK_TOKENS
 from ..kv.blocks import BlockManagerConfig, KVBlockManager, LayerSpec
 from ..kv.cache import SharedKVCache
 from ..kv.copy import CopyCounter
 from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
+from ..settings import STORE_BLOCK_TOKENS
 
 TOKENS_PER_BLOCK = STORE_BLOCK_TOKENS
 
