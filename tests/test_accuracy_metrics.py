@@ -36,11 +36,22 @@ def test_kl_is_zero_for_equal_and_shift_invariant():
 
 def test_perplexity_of_uniform_and_certain_predictions():
     uniform = np.zeros((4, 10))
-    assert metrics.perplexity(uniform, np.array([1, 2, 3, 4])) == pytest.approx(10.0)
+    assert metrics.perplexity([metrics.nll(uniform, np.array([1, 2, 3, 4]))]) == pytest.approx(10.0)
     certain = np.full((2, 5), -1e4)
     certain[0, 3] = certain[1, 1] = 0.0
-    assert metrics.perplexity(certain, np.array([3, 1])) == pytest.approx(1.0)
-    assert math.isnan(metrics.perplexity(np.zeros((0, 3)), np.zeros(0, int)))
+    assert metrics.perplexity([metrics.nll(certain, np.array([3, 1]))]) == pytest.approx(1.0)
+    assert math.isnan(metrics.perplexity([metrics.nll(np.zeros((0, 3)), np.zeros(0, int))]))
+
+
+def test_perplexity_of_a_prompt_in_pieces_equals_the_whole():
+    """The accuracy tool scores long prompts a chunk at a time (a 262k vocabulary's 4k rows
+    do not fit at once): the pieces must give the whole prompt's perplexity."""
+    logits = np.random.default_rng(0).normal(size=(7, 11))
+    targets = np.array([1, 5, 2, 9, 0, 10, 3])
+    whole = metrics.perplexity([metrics.nll(logits, targets)])
+    pieces = [metrics.nll(logits[i : i + 3], targets[i : i + 3]) for i in range(0, 7, 3)]
+    assert metrics.perplexity(pieces) == pytest.approx(whole, rel=1e-12)
+    assert whole != pytest.approx(metrics.perplexity(pieces[:1]))
 
 
 def test_report_rows_show_failures_and_errors():

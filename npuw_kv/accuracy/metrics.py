@@ -27,10 +27,15 @@ def kl_divergence(ref_logits: np.ndarray, our_logits: np.ndarray) -> np.ndarray:
     return (np.exp(p_log) * (p_log - q_log)).sum(axis=-1)
 
 
-def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
-    """exp(mean NLL) of ``targets[i]`` under ``logits[i]``."""
-    if len(logits) == 0:
-        return float("nan")
+def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of ``targets[i]`` under ``logits[i]``, per row.  Callers feed
+    a long prompt's rows a chunk at a time: the float64 log-softmax of 4k rows of a 262k
+    vocabulary would take 8 GB."""
     logp = log_softmax(logits)
-    nll = -logp[np.arange(len(targets)), np.asarray(targets)]
-    return float(np.exp(nll.mean()))
+    return -logp[np.arange(len(targets)), np.asarray(targets)]
+
+
+def perplexity(nlls: Sequence[np.ndarray]) -> float:
+    """exp(mean NLL) over the rows of every piece of :func:`nll` (nan for none)."""
+    values = np.concatenate(nlls) if nlls else np.empty(0)
+    return float(np.exp(values.mean())) if values.size else float("nan")

@@ -99,23 +99,21 @@ class StatefulReference:
         Row i of the returned logits predicts ``continuation[i]`` (row 0 comes from the last
         prompt position), so it lines up with our pipeline's per-step logits.
         """
-        from .metrics import log_softmax
+        from .metrics import nll, perplexity
 
         self.request.reset_state()
-        nll: list[np.ndarray] = []
+        nlls: list[np.ndarray] = []
         last = np.empty(0, np.float32)
         for start in range(0, len(prompt), self.chunk):
             piece = prompt[start : start + self.chunk]
             logits = self._feed(piece, start)
             targets = prompt[start + 1 : start + 1 + len(piece)]
-            logp = log_softmax(logits[: len(targets)])
-            nll.append(-logp[np.arange(len(targets)), targets])
+            nlls.append(nll(logits[: len(targets)], targets))
             last = logits[-1].copy()
         rows = [last]
         for i, token in enumerate(continuation[:-1]):
             rows.append(self._feed(np.array([token]), len(prompt) + i)[-1].copy())
-        ppl = float(np.exp(np.concatenate(nll).mean())) if len(prompt) > 1 else float("nan")
-        return ppl, np.stack(rows)
+        return perplexity(nlls), np.stack(rows)
 
 
 def torch_weights(model: str | Path | None) -> Path | None:
@@ -141,6 +139,9 @@ def torch_weights(model: str | Path | None) -> Path | None:
     if (path / "config.json").is_file() and any((path / w).exists() for w in weights):
         return path
     return None
+
+
+ROWS = 256  # positions per LM-head call of the PyTorch peer
 
 
 class TorchReference:
@@ -169,11 +170,32 @@ class TorchReference:
 
     def run(self, prompt: np.ndarray, continuation: list[int]) -> tuple[float, np.ndarray]:
         """One causal forward over prompt + continuation: the prompt perplexity, and the rows
-        that predict each continuation token (as :meth:`NpuwLLM.run`)."""
-        from .metrics import perplexity
+        that predict each continuation token (as :meth:`NpuwLLM.run`).
 
+        The LM head runs on ROWS positions at a time: all 4k rows of a 262k vocabulary (Gemma
+        3) would be 4 GB of logits, and 8 GB more in the float64 log-softmax.
+        """
+        from .metrics import nll, perplexity
+
+        torch, model = self.torch, self.model
         tokens = [int(t) for t in prompt] + [int(t) for t in continuation[:-1]]
-        with self.torch.no_grad():
-            logits = self.model(self.torch.tensor([tokens])).logits[0].float().numpy()
+        cap = getattr(model.config, "final_logit_softcapping", None)
+
+        def head(rows: Any) -> np.ndarray:
+            logits = model.get_output_embeddings()(rows)
+            if cap:  # as the model's own forward applies it after the head
+                logits = torch.tanh(logits / cap) * cap
+            return logits.float().numpy()
+
         n = len(prompt)
-        return perplexity(logits[: n - 1], np.asarray(prompt[1:])), logits[n - 1 :]
+        with torch.no_grad():
+            hidden = model.get_decoder()(torch.tensor([tokens])).last_hidden_state[0]
+            nlls = [
+                nll(
+                    head(hidden[start : min(start + ROWS, n - 1)]),
+                    prompt[start + 1 : start + 1 + ROWS],
+                )
+                for start in range(0, n - 1, ROWS)
+            ]
+            rows = head(hidden[n - 1 :])
+        return perplexity(nlls), rows

@@ -141,13 +141,11 @@ def evaluate(
     pipe: LLMPipeline, ids: np.ndarray, ref_tokens: list[int], ref_logits: np.ndarray
 ) -> dict[str, Any]:
     """Teacher-forced comparison of ``pipe`` against the reference continuation."""
-    rows: list[np.ndarray] = []
-    targets: list[np.ndarray] = []
+    nlls: list[np.ndarray] = []
 
     def on_chunk(positions: np.ndarray, logits: np.ndarray) -> None:
         keep = positions + 1 < len(ids)
-        rows.append(logits[keep])
-        targets.append(ids[positions[keep] + 1])
+        nlls.append(metrics.nll(logits[keep], ids[positions[keep] + 1]))
 
     ours = [pipe.runner.prefill(ids, on_chunk=on_chunk)]
     for token in ref_tokens[:-1]:
@@ -161,7 +159,7 @@ def evaluate(
         "ref_margin": _lead_at(ref_logits, ref_tokens, greedy, divergence),
         "max_abs_dlogit": float(np.abs(our_logits - ref_logits).max()),
         "mean_kl": float(metrics.kl_divergence(ref_logits, our_logits).mean()),
-        "ppl": metrics.perplexity(np.concatenate(rows), np.concatenate(targets)),
+        "ppl": metrics.perplexity(nlls),
     }
 
 
