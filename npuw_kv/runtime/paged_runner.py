@@ -13,7 +13,9 @@ or two documents asked about in turn.  A u8 block's scales depend on which of it
 written together, so everything reused is written as a fresh run writes it: whole blocks only
 (the partial one is rerun from its start), chunks that end where a fresh run's do, and on u8
 no block that generated tokens completed (written one token at a time).  A continuation then
-gives a fresh run's logits bit for bit.
+reads exactly the KV a fresh run writes; its logits are a fresh run's bit for bit, except
+where the CPU's kernels round a shorter rerun chunk differently (SmolLM2 on an AVX2-only
+CPU: 3.5e-5).
 
 The cache's memory, one block pool per attention window with its host tier, is
 :class:`~.paged_pools.PagedPools`.  A chat's system prompt is held at SYSTEM_PRIORITY.
