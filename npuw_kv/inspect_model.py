@@ -75,8 +75,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
             if cfg.use_static_models
             else []
         ),
-        f"KV cache         {kv_slots} slots x {per_token} B/token"
-        f" = {kv_slots * per_token / 2**20:.1f} MiB",
+        _kv_line(kv_slots, per_token, layout.window, dict(shapes.rings(layout.window))),
     ]
     if cfg.prefix_cache_tokens:
         stored = cfg.prefix_cache_tokens // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
@@ -86,3 +85,26 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
             f"{(stored + TOKENS_PER_BLOCK) * per_token / 2**20:.1f} MiB"
         )
     return "\n".join(lines)
+
+
+def _kv_line(
+    slots: int, per_token: int, windows: tuple[int | None, ...], rings: dict[int, int]
+) -> str:
+    """The static path's KV bytes: every layer's whole past, or rings for windowed layers."""
+    whole = _size(slots * per_token)
+    if not rings:
+        return f"KV cache         {slots} slots x {per_token} B/token = {whole}"
+    per_layer = per_token // len(windows)  # the same KV heads in every layer
+    held = [rings.get(w, slots) if w is not None else slots for w in windows]
+    parts = [f"{slots} slots in {sum(h == slots for h in held)} layers"] + [
+        f"a ring of {ring} in {sum(w == window for w in windows)} (window {window})"
+        for window, ring in sorted(rings.items())
+    ]
+    return (
+        f"KV cache         {', '.join(parts)} x {per_layer} B/token/layer = "
+        f"{_size(sum(held) * per_layer)} (every layer whole: {whole}; window_kv)"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"

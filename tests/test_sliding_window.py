@@ -111,6 +111,12 @@ def test_ring_holds_window_plus_chunk_and_full_layers_whole(swa):
     expected = per_slot * (capacity * (1 - windowed) + RING * windowed)
     assert ring.kv_stats()["kv_bytes_allocated"] == expected
     assert ring.kv_stats()["kv_bytes_allocated"] < full.kv_stats()["kv_bytes_allocated"]
+    # `npuw-kv inspect` states the same bytes, ring by ring
+    text = describe(str(model_dir), "NPU", **SETTINGS)
+    whole = full.kv_stats()["kv_bytes_allocated"]
+    assert f"= {expected / 2**10:.1f} KiB (every layer whole: {whole / 2**10:.1f} KiB" in text
+    n_windowed = sum(w is not None for w in EXPECTED_WINDOWS[arch])
+    assert f"a ring of {RING} in {n_windowed} (window {WINDOW})" in text
 
 
 def test_ring_masks_are_what_keeps_the_window(swa, reference, monkeypatch):
