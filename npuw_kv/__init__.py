@@ -11,6 +11,7 @@ from .errors import (
     ModelLayoutError,
     ModelLoadError,
     ModelSourceError,
+    NumericError,
 )
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __all__ = [
     "ModelLayoutError",
     "ModelLoadError",
     "ModelSourceError",
+    "NumericError",
     "PerfMetrics",
     "PipelineConfig",
     "TextResult",

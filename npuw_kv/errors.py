@@ -24,6 +24,17 @@ class CompileError(ValueError):
     """The device refused the model with these settings (names them)."""
 
 
+class NumericError(ValueError):
+    """The model gave NaN or +inf logits: an activation overflowed its precision."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the model gave NaN or +inf logits: an activation overflowed its precision; on NPU "
+            "set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs), or compute in f32 "
+            "with INFERENCE_PRECISION_HINT=f32"
+        )
+
+
 class CapacityError(ValueError):
     """A prompt longer than MAX_PROMPT_LEN, or a step with the KV cache full."""
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import NumericError
 from .generation_config import GenerationConfig
 from .logits_process import LogitsConstraint, LogitsProcessor, log_softmax
 
@@ -46,6 +47,9 @@ class Sampler:
     def sample(self, logits: np.ndarray, constraint: LogitsConstraint | None = None) -> Choice:
         """Choose the next token and remember it (penalties count it from now on)."""
         cfg = self.config
+        # NaN or +inf: an overflow in the model (a model's own -inf masks a token, as ours do)
+        if np.isnan(logits).any() or (logits == np.inf).any():
+            raise NumericError()
         scores = self.process(logits, constraint)
         if not (scores > -np.inf).any():
             raise RuntimeError(

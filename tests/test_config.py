@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import openvino as ov
@@ -115,6 +116,12 @@ def test_npu_properties_share_weights_and_keep_f32_exact():
         ),
     )
     assert (mine["NPUW_FOLD"], mine["NPUW_F16IC"]) == ("NO", "YES")  # explicit settings win
+    # a model whose activations leave the f16 range (Gemma) keeps f32 between sub-graphs,
+    # unless NPUW_F16IC is given
+    _, wide = device_properties(core, PipelineConfig.from_kwargs("NPU"), wide_activations=True)
+    assert wide["NPUW_F16IC"] == "NO"
+    explicit = PipelineConfig.from_kwargs("NPU", NPUW_F16IC="YES")
+    assert device_properties(core, explicit, wide_activations=True)[1]["NPUW_F16IC"] == "YES"
     _, cpu = device_properties(core, PipelineConfig.from_kwargs("CPU"))
     assert not any(k.startswith("NPUW") for k in cpu)
 
@@ -152,3 +159,20 @@ def test_two_spellings_of_one_value_agree():
 def test_the_paged_path_cache_size_can_be_given_by_name():
     cfg = PipelineConfig.from_kwargs("CPU", cpu_runtime_cache_capacity=100)
     assert cfg.compile_properties == {"CPU_RUNTIME_CACHE_CAPACITY": 100}
+
+
+@pytest.mark.parametrize(
+    ("config", "wide"),
+    [
+        ({"model_type": "gemma3_text"}, True),
+        ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}, True),
+        ({"model_type": "llama"}, False),
+        (None, False),
+    ],
+)
+def test_wide_activations_from_the_model_type(tmp_path, config, wide):
+    from npuw_kv.model.source import wide_activations
+
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    assert wide_activations(tmp_path) is wide

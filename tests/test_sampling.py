@@ -116,3 +116,17 @@ def test_unset_limits_are_none_and_max_new_tokens_wins():
     assert GenerationConfig(max_length=15).new_token_budget(10) == 5
     assert GenerationConfig(max_length=15, max_new_tokens=2).new_token_budget(10) == 2
     assert GenerationConfig(eos_token_id=-1).eos_token_id is None  # genai's unset
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_name_the_precision_settings(bad):
+    """A NaN or +inf logit is an overflow in the model, not a choice: the sampler says
+    which settings keep the activations in range, and the next finite row samples again."""
+    from npuw_kv.errors import NumericError
+
+    sampler = Sampler(GenerationConfig(max_new_tokens=4))
+    logits = np.zeros(8, np.float32)
+    logits[3] = bad
+    with pytest.raises(NumericError, match="NPUW_F16IC=NO.*INFERENCE_PRECISION_HINT=f32"):
+        sampler.sample(logits)
+    assert sampler.sample(np.arange(8, dtype=np.float32)).token == 7

@@ -156,6 +156,23 @@ def trained_context(ir_dir: Path) -> tuple[int, str] | None:
     return None
 
 
+# architectures whose hidden state leaves the f16 range between layers (Gemma scales its
+# embeddings by sqrt(hidden size)): NPUW's f16 tensors between sub-graphs overflow there
+# (Gemma 3 270M, a 1000-token prompt: every logit NaN with NPUW_F16IC=YES, exact with NO)
+_WIDE_ACTIVATIONS = ("gemma",)
+
+
+def wide_activations(model_dir: Path) -> bool:
+    """Whether the model's ``config.json`` names an architecture whose activations between
+    layers exceed f16 (:data:`_WIDE_ACTIVATIONS`)."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return False
+    config = json.loads(path.read_text())
+    kind = str((config.get("text_config") or config).get("model_type") or "")
+    return kind.startswith(_WIDE_ACTIVATIONS)
+
+
 def declared_window(model_dir: Path, capacity: int | None = None) -> int | None:
     """The sliding window the model's config declares for some layers (None: none declared).
 

@@ -27,7 +27,7 @@ from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
-from ..model.source import declared_window
+from ..model.source import declared_window, wide_activations
 from ..model.variants import StaticShapes, prepare, read_ir
 from ..settings import STORE_BLOCK_TOKENS, label
 from .compile import compile_paged, compile_requests, last_line, resolve_kv_precision
@@ -125,7 +125,8 @@ def build_runner(
     )
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
-    requests = build.compile(lambda: compile_requests(core, prepared, layout, config, shapes))
+    wide = wide_activations(model_dir)
+    requests = build.compile(lambda: compile_requests(core, prepared, layout, config, shapes, wide))
     runner = build.allocate(
         kv_capacity,
         lambda: StaticRunner(

@@ -57,7 +57,9 @@ def _type_name(hint: Any) -> str:
     return (hint.get_type_name() if isinstance(hint, ov.Type) else str(hint)).lower()
 
 
-def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[str, Any]]:
+def device_properties(
+    core: ov.Core, config: PipelineConfig, wide_activations: bool = False
+) -> tuple[str, dict[str, Any]]:
     """The plugin name and its properties for ``config.device``.
 
     On NPU the two static models share their weights the way NPUW's own LLM pipeline does:
@@ -69,7 +71,9 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
     and each static model holds its own weights (SmolLM2 fp16, 1k bench: 2301 -> 1110 MB peak
     RSS, NPUW's own LLM pipeline 1138 MB).  An f32 precision hint also
     turns off NPUW's f16 tensors between sub-graphs (``NPUW_F16IC``), which otherwise round the
-    result (|dlogit| 3e-2 -> 5e-5).  Any of these set explicitly wins.
+    result (|dlogit| 3e-2 -> 5e-5); so does a model whose activations leave the f16 range
+    (``wide_activations``, :func:`~npuw_kv.model.source.wide_activations`), where they would
+    overflow to NaN.  Any of these set explicitly wins.
     """
     props: dict[str, Any] = {}
     if config.device == "NPU":
@@ -86,7 +90,7 @@ def device_properties(core: ov.Core, config: PipelineConfig) -> tuple[str, dict[
             }
         )
         hint = _type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
-        if hint in ("f32", "float32"):
+        if hint in ("f32", "float32") or wide_activations:
             props["NPUW_F16IC"] = "NO"
     if config.num_threads and config.device == "CPU":
         props["INFERENCE_NUM_THREADS"] = config.num_threads
@@ -177,9 +181,16 @@ def _head_target(
 
 
 def compile_requests(
-    core: ov.Core, model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes
+    core: ov.Core,
+    model: ov.Model,
+    layout: KVLayout,
+    config: PipelineConfig,
+    shapes: StaticShapes,
+    wide_activations: bool = False,
 ) -> Requests:
-    device, props = device_properties(core, config)
+    """The static models of ``shapes``, compiled; ``wide_activations``: see
+    :func:`device_properties`."""
+    device, props = device_properties(core, config, wide_activations)
     if config.use_static_models:
         split = _split(model, layout, config)
         # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and
