@@ -169,6 +169,18 @@ def test_greedy_matches_genai_f32_past_the_window(
         del pipe
 
 
+def test_paged_kv_at_4k_is_a_third_of_every_layer_whole(gemma_dir: Path) -> None:
+    """The paged path's windowed pools hold window + chunk + one block (25 of 32 tokens), no
+    spare: at MAX_PROMPT_LEN 4096 the KV is (3 x 132 + 15 x 25) / (18 x 132) = 0.3245 of every
+    layer at full length (issue goal: <= 0.33)."""
+    pipe = LLMPipeline(gemma_dir, "CPU", max_prompt_len=4096, **EXACT_F32)
+    stats = pipe.kv_stats()
+    assert stats["kv_pool_blocks"] == {"512": 25, "full": 132}
+    whole = 132 * 32 * stats["kv_bytes_per_token"]  # every layer in 132 blocks of 32
+    assert stats["kv_bytes_allocated"] == (3 * 132 + 15 * 25) * 32 * 2 * 256 * 4
+    assert stats["kv_bytes_allocated"] / whole < 0.325
+
+
 def test_npu_defaults_keep_f32_between_sub_graphs(gemma_dir: Path, long_prompt) -> None:
     """Gemma's hidden state leaves the f16 range: with NPUW's f16 tensors between sub-graphs
     (its default, NPUW_F16IC) every logit of this prompt is NaN, so the NPU path turns them

@@ -123,8 +123,8 @@ def test_window_shares_split_the_prefix_cache_room(qwen2, fresh):
     assert stats["kv_window_shares"] == {"8": 0.75, "full": 0.25}
     assert stats["kv_window_shares_given"] is True
     assert pipe.config.kv_window_shares == "8:0.75,full:0.25"
-    # the windowed layer's cache tensors follow its pool (+ the zero block)
-    assert pipe.runner.cache.tensors["key_cache.1"].get_shape()[0] == 8 + 1
+    # the windowed layer's cache tensors follow its pool
+    assert pipe.runner.cache.tensors["key_cache.1"].get_shape()[0] == 8
     assert stats["kv_bytes_allocated"] == default["kv_bytes_allocated"]
     for ids in (_ids(100), _ids(60, 1), np.concatenate([_ids(100), _ids(20, 2)])):
         assert _run(pipe, ids).tokens == fresh(ids, 8).tokens

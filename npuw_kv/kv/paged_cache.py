@@ -59,8 +59,16 @@ class PagedKVCache:
             raise ValueError(f"every cache tensor needs >= 1 block, got {sizes}")
         nbytes = sum(sizes[s.name] * math.prod(s.block_shape) * s.element_type.size for s in specs)
         ensure_fits(nbytes, f"a paged KV cache of {capacity} tokens")
+        # zeroed memory (the OS hands it out lazily, so unwritten blocks cost nothing): a slot
+        # no sequence wrote yet is read as 0, never as garbage that could be NaN (PagedRunner
+        # points a window's detached table entries at a held, maybe partly written, block)
         self.tensors = {
-            s.name: ov.Tensor(s.element_type, [sizes[s.name], *s.block_shape]) for s in specs
+            s.name: ov.Tensor(
+                np.zeros(sizes[s.name] * math.prod(s.block_shape) * s.element_type.size, np.uint8),
+                [sizes[s.name], *s.block_shape],
+                s.element_type,
+            )
+            for s in specs
         }
 
     @property

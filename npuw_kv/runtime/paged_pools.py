@@ -127,19 +127,13 @@ class PagedPools:
     def allocate(self, plan: PoolPlan) -> None:
         """Cache tensors and host tier sized by ``plan``, bound to the request; an empty
         manager over them.  Nothing changes if an allocation fails."""
-        # each sliding window's tensors get one block more, kept zero: see PagedRunner._tables
-        extra = {key: 0 if key == self.capacity else 1 for key in plan.primary}
         sizes = {
-            f"{prefix}{layer}": plan.primary[key] + extra[key]
+            f"{prefix}{layer}": plan.primary[key]
             for layer, key in enumerate(self.keys)
             for prefix in CACHE_PREFIXES
         }
         cache = PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
         host = HostTier(cache, self.names, plan.host, self.host_tokens)
-        for key, names in self.names.items():
-            if extra[key]:
-                for name in names:
-                    cache.tensors[name].data[plan.primary[key]] = 0
         for name, tensor in cache.tensors.items():
             self.request.set_tensor(name, tensor)
         self.cache, self.host, self.plan = cache, host, plan

@@ -168,13 +168,19 @@ class PagedRunner(Runner):
         """Each window's block table for the first ``blocks`` blocks of the sequence.
 
         A sliding-window layer's blocks before its window are detached (the manager gives
-        -1).  The kernel still reads a block for each table entry, and masks those outside
-        the window; so they point at the zero block after its pool (finite: weight 0).
+        -1).  The kernel still reads a block for each table entry and masks those outside the
+        window, so any block whose bytes are finite will do: they point at the first block
+        the sequence still holds, and the pool needs no spare block for them.
         """
         tables = {}
         for key, name in self.memory.table_inputs.items():
             table = np.array(self.blocks.block_table(self._seq, key)[:blocks], np.int32)
-            table[table < 0] = self.pools.primary[key]
+            detached = table < 0
+            if detached.any():
+                held = table[~detached]
+                if held.size == 0:
+                    raise AssertionError(f"window {key}: every block of the sequence detached")
+                table[detached] = held[0]
             tables[name] = table
         return tables
 
