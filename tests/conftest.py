@@ -5,6 +5,7 @@ Nothing here skips: if the model package or OpenVINO is missing, the fixtures fa
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from functools import cache
 from pathlib import Path
@@ -89,6 +90,33 @@ def reference_logits(smol_dir: Path):
 
 _PIPES: dict[tuple, LLMPipeline] = {}
 REPORT: list[str] = []  # lines for the end-of-run summary (e.g. max |dlogit| per case)
+
+
+def pytest_sessionstart(session) -> None:
+    """Convert the shipped model into the cache once, before any test runs.
+
+    Under pytest-xdist (the README's test command) this runs in the controller before the
+    workers start; otherwise two workers would convert into the same cache folder at once and
+    each replace the directory the other reads.  A failure is left to the ``smol_dir`` fixture,
+    which then fails every test that needs the model, loudly.
+    """
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller did it
+        return
+    with contextlib.suppress(Exception):
+        resolve_model(None)
+
+
+def pytest_sessionfinish(session) -> None:
+    """An xdist worker hands its summary lines to the controller (see pytest_testnodedown)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["npuw_kv_report"] = list(REPORT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist, in the controller: gather a finished worker's summary lines."""
+    REPORT.extend(getattr(node, "workeroutput", {}).get("npuw_kv_report", []))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
