@@ -9,7 +9,7 @@ import openvino as ov
 from .config import PipelineConfig
 from .model.source import declared_window, resolve_model, trained_context
 from .model.variants import StaticShapes, prepare, read_ir
-from .runtime.compile import paged_kv_precision, resolve_kv_precision
+from .runtime.device import paged_kv_precision, resolve_kv_precision
 from .runtime.prefix_store import TOKENS_PER_BLOCK
 
 

@@ -9,7 +9,7 @@ import openvino as ov
 import pytest
 
 from npuw_kv.config import PipelineConfig
-from npuw_kv.runtime.compile import resolve_kv_precision
+from npuw_kv.runtime.device import resolve_kv_precision
 from npuw_kv.settings import EXACT_F32
 
 
@@ -96,7 +96,7 @@ def test_unknown_device():
 def test_npu_properties_share_weights_and_keep_f32_exact():
     import openvino as ov
 
-    from npuw_kv.runtime.compile import device_properties
+    from npuw_kv.runtime.device import device_properties
 
     core = ov.Core()
     _, default = device_properties(core, PipelineConfig.from_kwargs("NPU"))

@@ -20,7 +20,7 @@ import pytest
 
 import npuw_kv
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.runtime.compile import RUNTIME_CACHE_CAPACITY, limit_runtime_cache
+from npuw_kv.runtime.device import RUNTIME_CACHE_CAPACITY, limit_runtime_cache
 from npuw_kv.runtime.heap import PRIMITIVE_CACHE_ENV
 
 CALLS, BASELINE = 80, 20

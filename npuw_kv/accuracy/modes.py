@@ -24,7 +24,7 @@ DEFAULT_PARTS: dict[str, dict[str, Any]] = {
 # mode -> pipeline settings.  Tolerances: max |dlogit| vs the f32 reference, together with all
 # tokens equal; device-default has none (it is gated on the ir-default peer, PEER_SLACK), the
 # DEFAULT_PARTS are only reported.
-# The f32 hint also keeps NPUW's tensors between sub-graphs f32 (runtime/compile.py), so the NPU
+# The f32 hint also keeps NPUW's tensors between sub-graphs f32 (runtime/device.py), so the NPU
 # path is held to the CPU bound.
 MODES: dict[str, dict[str, Any]] = {
     # `auto` KV under the f32 hint is f32 KV, on CPU's default PagedAttention backend too

@@ -30,7 +30,8 @@ from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window, wide_activations
 from ..model.variants import StaticShapes, prepare, read_ir
 from ..settings import STORE_BLOCK_TOKENS, label
-from .compile import compile_paged, compile_requests, last_line, resolve_kv_precision
+from .compile import compile_paged, compile_requests, last_line
+from .device import resolve_kv_precision
 from .paged_runner import PagedRunner
 from .runner import Runner
 from .static_runner import StaticRunner

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,12 @@ from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
 from ..model.variants import Ladder, StaticShapes, shared_dynamic, static_ladder
 from ..settings import label
+from .device import (
+    compute_precision,
+    device_properties,
+    limit_runtime_cache,
+    paged_kv_precision,
+)
 
 
 @dataclass(frozen=True)
@@ -47,92 +52,6 @@ class Requests:
         if self.head is not None:
             return self.head.get_compiled_model().outputs[0]
         return self.prefill.get_compiled_model().outputs[index]
-
-
-_BANKS = itertools.count()
-
-
-def _type_name(hint: Any) -> str:
-    """An element-type hint (``ov.Type`` or a string) as a lower-case name, e.g. "bf16"."""
-    return (hint.get_type_name() if isinstance(hint, ov.Type) else str(hint)).lower()
-
-
-def device_properties(
-    core: ov.Core, config: PipelineConfig, wide_activations: bool = False
-) -> tuple[str, dict[str, Any]]:
-    """The plugin name and its properties for ``config.device``.
-
-    On NPU the two static models share their weights the way NPUW's own LLM pipeline does:
-    ``NPUW_FOLD`` turns the repeated layers into one function whose weights are inputs held in
-    a weights bank, and one ``NPUW_WEIGHTS_BANK`` per pipeline lets prefill and generate read
-    the same bank (measured on SmolLM2: peak RSS 1345 -> 804 MB).  ``NPUW_FUNCALL_FOR_ALL``
-    makes every sub-graph a function, so the weights outside the repeated layers go to the bank
-    too; without it NPUW cannot fold optimum-intel's fp16 export at all ("unordered_map::at")
-    and each static model holds its own weights (SmolLM2 fp16, 1k bench: 2301 -> 1110 MB peak
-    RSS, NPUW's own LLM pipeline 1138 MB).  An f32 precision hint also
-    turns off NPUW's f16 tensors between sub-graphs (``NPUW_F16IC``), which otherwise round the
-    result (|dlogit| 3e-2 -> 5e-5); so does a model whose activations leave the f16 range
-    (``wide_activations``, :func:`~npuw_kv.model.source.wide_activations`), where they would
-    overflow to NaN.  Any of these set explicitly wins.
-    """
-    props: dict[str, Any] = {}
-    if config.device == "NPU":
-        npuw_devices = config.npuw_devices
-        if "NPU" in core.available_devices and npuw_devices == "CPU":
-            npuw_devices = "NPU,CPU"  # a real NPU is present: use it, CPU as fallback
-        props.update(
-            {
-                "NPU_USE_NPUW": "YES",
-                "NPUW_DEVICES": npuw_devices,
-                "NPUW_FOLD": "YES",
-                "NPUW_FUNCALL_FOR_ALL": "YES",
-                "NPUW_WEIGHTS_BANK": f"npuw_kv_{next(_BANKS)}",
-            }
-        )
-        hint = _type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
-        if hint in ("f32", "float32") or wide_activations:
-            props["NPUW_F16IC"] = "NO"
-    if config.num_threads and config.device == "CPU":
-        props["INFERENCE_NUM_THREADS"] = config.num_threads
-    props.update(config.compile_properties)
-    return config.device, props
-
-
-def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
-    """What the device computes K/V in: "bf16", "f16" or "f32" (the hint, if it can be met)."""
-    if config.device != "CPU":
-        return "f32"
-    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
-    if hint is None:
-        hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
-    precision = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}.get(
-        _type_name(hint), "f32"
-    )
-    # a hint the hardware cannot honour falls back to f32 compute
-    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    return precision if precision.upper() in capabilities or precision == "f32" else "f32"
-
-
-def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
-    """``auto``: store KV in the precision the device computes it in.
-
-    The CPU plugin with a bf16 (or f16) inference precision produces K/V in that type and
-    converts them to f32 only at the output, and converts f32 inputs back on every step; storing
-    them as bf16 is therefore lossless (bit-identical logits, tested) and halves the cache and
-    the per-step conversions.  Elsewhere ``auto`` means f32.
-    """
-    if config.kv_precision == "bf16" and compute_precision(core, config) == "f32":
-        warnings.warn(
-            "kv_precision='bf16' under f32 compute keeps 8 mantissa bits where 'f16' keeps 11 "
-            "for the same memory (on the 4k accuracy prompt bf16 KV leaves the f32 greedy path "
-            "at token 60, f16 KV does not); the CPU plugin itself stores f32 KV under the f32 "
-            "hint. Use kv_precision='f16' for 16-bit KV with f32 compute",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    if config.kv_precision != "auto":
-        return config.kv_precision
-    return compute_precision(core, config)
 
 
 def last_line(exc: BaseException) -> str:
@@ -300,40 +219,6 @@ def check_value_layouts(config: PipelineConfig, ladder: Ladder) -> None:
         RuntimeWarning,
         stacklevel=4,
     )
-
-
-def paged_kv_precision(config: PipelineConfig) -> str | None:
-    """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
-
-    ``auto`` leaves the plugin's default (u8 blocks on CPU, as openvino-genai runs), except
-    under an explicit f32 compute hint: asking for exact compute means exact KV too.
-    """
-    if config.kv_precision != "auto":
-        return config.kv_precision
-    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
-    return "f32" if hint is not None and _type_name(hint) in ("f32", "fp32", "float32") else None
-
-
-# executors the CPU plugin keeps per PagedAttention model (its default: 5000)
-RUNTIME_CACHE_CAPACITY = 20
-
-
-def limit_runtime_cache(props: dict[str, Any]) -> dict[str, Any]:
-    """``props`` with the CPU plugin's per-shape executor cache kept small, unless set.
-
-    A PagedAttention model runs chunks of every length (a prompt's last chunk, the answer's
-    steps) through one dynamic-shape model, and the plugin keeps the executors it built for
-    each input shape in an LRU cache (``CPU_RUNTIME_CACHE_CAPACITY``, 5000 entries), oneDNN
-    their primitives in another (see ``heap.limit_primitive_cache``): about 1 MB more resident
-    memory per new prompt length (SmolLM2, prompts of 20..1020 tokens: 434 -> 670 MB over 300
-    calls, still rising; with both caches small: 423 -> 426 MB).  20 entries cost no speed we
-    could measure (a varied-length loop, a chat, ``npuw-kv bench --quick``: within the noise,
-    also with 32 or 48); the layers still share one executor per shape.  With none (0) each
-    layer builds its own: +120 MB and ~35 % more CPU time.
-    """
-    if any(str(key).upper() == "CPU_RUNTIME_CACHE_CAPACITY" for key in props):
-        return props
-    return {**props, "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_CAPACITY}
 
 
 def compile_paged(core: ov.Core, model: ov.Model, config: PipelineConfig) -> ov.InferRequest:

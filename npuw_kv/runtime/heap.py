@@ -14,7 +14,7 @@ which go back to the OS when freed; the resident set then stays flat.
 
 oneDNN (inside the CPU plugin) keeps the primitives it builds in a process-wide cache of 1024,
 whether the plugin still uses them or not.  A PagedAttention model builds new ones for each new
-prompt length, so with the plugin's own cache kept small (``runtime/compile.py``) oneDNN's
+prompt length, so with the plugin's own cache kept small (``runtime/device.py``) oneDNN's
 held what it dropped: +11 % RSS over 80 prompts of varied length, still rising; without it
 flat, at no speed cost we could measure.  oneDNN reads its size from the environment once, when
 it builds its first primitive, which loading a tokenizer already does: hence it is set when this
