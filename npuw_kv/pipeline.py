@@ -1,9 +1,10 @@
 """``LLMPipeline``: text in, text out, shaped like ``openvino_genai.LLMPipeline``.
 
 Tokenizing, detokenizing, streaming text and chat templates come from openvino-genai's
-``Tokenizer`` / ``TextStreamer``; :mod:`~npuw_kv.decode` runs the generation loop over a runner
-(paged or static-shape); genai's input forms are read by :mod:`~npuw_kv.inputs` and the results
-shaped as genai's by :mod:`~npuw_kv.results` (docs/genai-compat.md).
+``Tokenizer`` / ``TextStreamer`` (prompts to ids: :mod:`~npuw_kv.encoding`);
+:mod:`~npuw_kv.decode` runs the generation loop over a runner (paged or static-shape); genai's
+input forms are read by :mod:`~npuw_kv.inputs` and the results shaped as genai's by
+:mod:`~npuw_kv.results` (docs/genai-compat.md).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, overload
 
 import numpy as np
 import openvino as ov
@@ -27,6 +28,7 @@ from .chat_prefix import system_prompt_tokens
 from .config import PipelineConfig
 from .decode import GenerationResult, Streamer, generate_sequences
 from .draft import record_genai_drafts
+from .encoding import PromptEncoder, check_text
 from .errors import ModelLoadError
 from .inputs import (
     Prompt,
@@ -47,38 +49,7 @@ from .runtime.runner import Runner
 from .sampling import GenerationConfig
 from .settings import label
 
-T = TypeVar("T")
 record_genai_drafts()  # openvino_genai.draft_model objects become readable
-
-
-def _ids(encoded: Any) -> np.ndarray:
-    return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
-
-
-def _check_text(text: object) -> None:
-    """Refuse what no tokenizer can take, before openvino-genai fails on it less clearly."""
-    if not isinstance(text, str):
-        raise ValueError(f"expected text (str), got {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"text is not valid Unicode: {exc.reason} at character {exc.start} "
-            f"({text[exc.start : exc.end]!r}); undecodable input bytes end up as such "
-            "characters, decode the input as UTF-8 (or with errors='replace') first"
-        ) from None
-
-
-def _tokenize(run: Callable[[], T]) -> T:
-    """``run()``, with the tokenizer's own failures as ``ValueError``."""
-    try:
-        return run()
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
-
-
-def _span(timer: CallTimer | None, key: str) -> AbstractContextManager[None]:
-    return timer.span(key) if timer else nullcontext()
 
 
 class LLMPipeline:
@@ -126,6 +97,7 @@ class LLMPipeline:
             built = build_runner(self.core, model_dir, ir, self.config, kv_capacity, settings)
             del ir  # the device holds its own copy of the graph now
         self.runner: Runner = built.runner
+        self._encoder = PromptEncoder(self.tokenizer)
         self.config, self.vocab_size, self.layout = built.config, built.vocab_size, built.layout
         self._assisted = speculative.Assisted.build(plan, self, settings)
         self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
@@ -176,7 +148,7 @@ class LLMPipeline:
     # -- chat ---------------------------------------------------------------------------------
     def start_chat(self, system_message: str = "") -> None:
         with self._exclusive():
-            _check_text(system_message)
+            check_text(system_message)
             self._history = (
                 [{"role": "system", "content": system_message}] if system_message else []
             )
@@ -206,12 +178,12 @@ class LLMPipeline:
             system = [m for m in self._history[:1] if m["role"] == "system"]
             turns = self._history[len(system) :]
             user = {"role": "user", "content": prompt}
-            if self._template_ids([*self._history, user]).size <= limit:
+            if self._encoder.messages([*self._history, user]).size <= limit:
                 return 0
             fits = None
             for dropped in range(1, len(turns) // 2 + 1):
                 kept = system + turns[2 * dropped :]  # an exchange: a user message, its answer
-                size = self._template_ids([*kept, user]).size
+                size = self._encoder.messages([*kept, user]).size
                 if fits is None and size <= limit:
                     fits = dropped
                 if size <= limit // 2:
@@ -232,30 +204,10 @@ class LLMPipeline:
     ) -> np.ndarray:
         if chat or (template and self.tokenizer.chat_template):
             earlier = list(self._history or []) if chat else []
-            return self._template_ids([*earlier, {"role": "user", "content": prompt}], timer=timer)
-        _check_text(prompt)
-        with _span(timer, "tokenization_durations"):
-            return _tokenize(lambda: _ids(self.tokenizer.encode(prompt)))
-
-    def _template_ids(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[Any] | None = None,
-        extra_context: dict[str, Any] | None = None,
-        timer: CallTimer | None = None,
-    ) -> np.ndarray:
-        for message in messages:
-            _check_text(message.get("content", ""))
-
-        def run() -> np.ndarray:
-            with _span(timer, "chat_template_durations"):
-                text = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tools=tools, extra_context=extra_context
-                )
-            with _span(timer, "tokenization_durations"):
-                return _ids(self.tokenizer.encode(text, add_special_tokens=False))
-
-        return _tokenize(run)
+            return self._encoder.messages(
+                [*earlier, {"role": "user", "content": prompt}], timer=timer
+            )
+        return self._encoder.text(prompt, timer)
 
     # for type checkers; ov.Tensor / TokenizedInputs (EncodedResults) and ChatHistory
     # (DecodedResults) are untyped, so they reach the implementation's signature
@@ -382,7 +334,9 @@ class LLMPipeline:
         if prompt.ids is not None:
             return prompt.ids
         if prompt.messages is not None:
-            return self._template_ids(prompt.messages, prompt.tools, prompt.extra_context, timer)
+            return self._encoder.messages(
+                prompt.messages, prompt.tools, prompt.extra_context, timer
+            )
         assert prompt.text is not None
         return self._encode(prompt.text, chat, config.apply_chat_template, timer)
 
