@@ -1,37 +1,8 @@
 """Blocks of one window group: allocation, linear writing, detach, reuse, offload, onboard.
 
-Design choices:
-
-- Free blocks: worthless blocks first; then the lowest priority level, least recently released
-  first. A victim that is cached (or a detached SWA block its live sequence may still store) is
-  offloaded to the host pool if its priority is >= ``offload_min_priority`` and the host pool has
-  room: a reclaimable host block whose level is not above the victim's (an empty host block, or
-  a cached one evicted from the host by the same priority/LRU rule). The bytes move, the block
-  keeps its place in the tree.
-- A prefix hit onboards host blocks back to the primary pool before the sequence uses them.
-- SWA blocks are never shared by two live sequences. On a hit, a cached SWA block nobody holds
-  is claimed (no copy); one that another live sequence holds is *copied* into a fresh private
-  block (a memcpy is far cheaper than recomputing the tokens). The tree keeps the original.
-- An SWA hit claims only the trailing ``ceil((window-1)/tpb)`` blocks before the hit point; the
-  blocks before them are never read, so their slots start out detached.
-- The owner of a block (``last_owner``) is invalidated when the block is handed out again to
-  another sequence (not when it gets its own detached block back: then only that slot is
-  lost): its bytes are overwritten, so the owner's chain can no longer be stored
-  whole. Claiming a cached block does not invalidate (bytes intact). ``last_owner`` alone is
-  not enough to decide what a sequence may store, though: a claim moves it without telling the
-  previous holder, and the owner may get its own detached block back at a new position. So
-  every reset (a hand-out, or a host block emptied for an offload) bumps the block's generation
-  and a slot is stored only while the generation it recorded still matches
-  (``SeqBlocks.holds_bytes``).
-- Invalidating an owner turns the detached blocks it kept only for storing into worthless ones
-  at once (as its removal does), so they are reclaimed before cached blocks instead of taking
-  a cached block's place in the LRU order (or emptying a host block for nothing).
-- The empty block an onboard pushes to the host pool has no owner: it holds nobody's bytes,
-  so reusing it later must not invalidate the sequence that onboarded.
-- Full-attention groups store each block as it fills; if two sequences compute the same block,
-  the first one stored stays cached and the other stays private. Evicting that cached block
-  cuts the later blocks of the private one's sequence from the tree: the sequence stores its
-  chain again on its next call and when it ends (it still holds every byte).
+Its choices — which block is freed first, when a victim is offloaded, how sliding-window blocks
+are claimed or copied on a hit, and when a sequence may still store its chain (owners and
+generations) — are set out in docs/design.md, "Choices inside one window group".
 """
 
 from __future__ import annotations
