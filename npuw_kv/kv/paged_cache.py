@@ -57,14 +57,16 @@ class PagedKVCache:
         sizes = {s.name: self.num_blocks for s in specs} | dict(blocks or {})
         if min(sizes.values()) < 1:
             raise ValueError(f"every cache tensor needs >= 1 block, got {sizes}")
-        nbytes = sum(sizes[s.name] * math.prod(s.block_shape) * s.element_type.size for s in specs)
-        ensure_fits(nbytes, f"a paged KV cache of {capacity} tokens")
+        nbytes = {
+            s.name: sizes[s.name] * math.prod(s.block_shape) * s.element_type.size for s in specs
+        }
+        ensure_fits(sum(nbytes.values()), f"a paged KV cache of {capacity} tokens")
         # zeroed memory (the OS hands it out lazily, so unwritten blocks cost nothing): a slot
         # no sequence wrote yet is read as 0, never as garbage that could be NaN (PagedRunner
         # points a window's detached table entries at a held, maybe partly written, block)
         self.tensors = {
             s.name: ov.Tensor(
-                np.zeros(sizes[s.name] * math.prod(s.block_shape) * s.element_type.size, np.uint8),
+                np.zeros(nbytes[s.name], np.uint8),
                 [sizes[s.name], *s.block_shape],
                 s.element_type,
             )
