@@ -106,6 +106,28 @@ def pytest_sessionstart(session) -> None:
         resolve_model(None)
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Files with a ``slow`` test run first, the longest first, whole files kept together.
+
+    The README's command runs two workers that each take whole files (``--dist loadfile``,
+    with ``--no-loadscope-reorder`` from pyproject.toml so xdist keeps this order).  Started
+    last, a file of several minutes would leave the other worker idle until it ends; started
+    first, the short files fill in around it.  ``slow(seconds=...)``: the test's usual time
+    here, summed per file.
+    """
+
+    def weight(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return float(mark.kwargs.get("seconds", 60)) if mark is not None else 0.0
+
+    by_file: dict[str, float] = {}
+    for item in items:
+        name = item.nodeid.split("::")[0]
+        by_file[name] = by_file.get(name, 0.0) + weight(item)
+    order = {name: rank for rank, name in enumerate(sorted(by_file, key=lambda n: -by_file[n]))}
+    items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+
+
 def pytest_sessionfinish(session) -> None:
     """An xdist worker hands its summary lines to the controller (see pytest_testnodedown)."""
     workeroutput = getattr(session.config, "workeroutput", None)

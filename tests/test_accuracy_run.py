@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from npuw_kv.accuracy.report import table
 from npuw_kv.accuracy.run import PEER_SLACK, Result, _gate_against_peer, _run_one
 from npuw_kv.cli import main
 
 
+@pytest.mark.slow(seconds=390)
 def test_reduced_matrix_within_tolerance(tmp_path, capsys):
     out = tmp_path / "acc"
     code = main(
@@ -83,6 +85,7 @@ def test_a_failed_configuration_is_reported_and_the_rest_still_runs(tmp_path, ca
     assert "CPU/exact/C256/70000" in capsys.readouterr().err
 
 
+@pytest.mark.slow(seconds=90)
 def test_device_default_errs_no_more_than_the_plugin_itself(tmp_path):
     """At the CPU's defaults (bf16 compute, int8 dynamic quantization) greedy tokens leave the
     f32 reference after a few steps.  That is the plugin's arithmetic, not our rewrites: the

@@ -62,6 +62,7 @@ def _integer_zero_points(model) -> list:
     return found
 
 
+@pytest.mark.slow(seconds=85)
 def test_exact_zero_points_match_transformers_on_the_same_gguf(tmp_path):
     """With exact zero points the IR agrees with transformers running the GGUF (the torch
     peer); with openvino-genai's rounded ones it does not (test_accuracy_run.py).  Perplexity

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,6 +20,7 @@ def test_ruff_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow(seconds=60)
 def test_mypy_clean():
     result = run("mypy", "npuw_kv")
     assert result.returncode == 0, result.stdout + result.stderr

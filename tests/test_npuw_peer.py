@@ -24,6 +24,7 @@ def smol_optimum_dir(tmp_path_factory) -> Path:
     return make_smollm2_optimum_ir(tmp_path_factory.mktemp("smollm2-optimum"))
 
 
+@pytest.mark.slow(seconds=130)
 def test_f16_kv_no_worse_than_npuw(smol_optimum_dir, tmp_path):
     out = tmp_path / "acc"
     argv = ["accuracy", "--model", str(smol_optimum_dir), "--prompt-lens", "1024"]

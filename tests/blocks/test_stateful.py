@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from blocks_helpers import check_read_rows, check_tree_bytes, fingerprints, write_prefix_rows
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -246,6 +247,7 @@ class BlockMachine(RuleBasedStateMachine):
             OPS["copies"] += sum(w.counters.copied_blocks for w in st_.windows.values())
 
 
+@pytest.mark.slow(seconds=220)
 def test_random_operations() -> None:
     """Runs the machine in rounds until >= 10**5 operations on valid targets have been checked.
 
