@@ -24,18 +24,9 @@ from .binding import BoundPort, KVBinding
 from .compile import Requests, Variant
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
-from .rings import ring_keeps, window_mask
+from .prompt_reuse import choose_plan
+from .rings import window_mask
 from .runner import ChunkHook, Runner
-
-
-def shared_prefix(cached: list[int], ids: np.ndarray) -> int:
-    """How many leading ``ids`` the cached tokens already hold, leaving at least one to run
-    (the last prompt token's logits are needed)."""
-    n = min(len(cached), ids.size - 1)
-    if n <= 0:
-        return 0
-    differ = np.flatnonzero(np.asarray(cached[:n]) != ids[:n])
-    return int(differ[0]) if differ.size else n
 
 
 @dataclass(frozen=True)
@@ -276,7 +267,19 @@ class StaticRunner(Runner):
         self.copied.reset()
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
             self.prefix_store.save(self._cached, self.slots.first)
-        plan, restore = self._plan(ids)
+        plan, restore = (
+            choose_plan(
+                ids,
+                self.shapes.chunk,
+                self.shapes.max_prompt_len,
+                self._cached,
+                self.slots,
+                self.layout.rings,
+                self.prefix_store,
+            )
+            if self.prefix_reuse
+            else (PromptPlan(int(ids.size), self.shapes.chunk), False)
+        )
         # the slots a continuation keeps, in the prefill models' layout (mixed layouts only)
         self._hold(self.prefill_layout, plan.pad, plan.start if plan.cached and not restore else 0)
         self._cached = []  # a failure part-way leaves the cache in no state to reuse
@@ -307,48 +310,6 @@ class StaticRunner(Runner):
         self.switch_copied_bytes = 0
         self._at_switch = True
         return logits[-1].copy()
-
-    def _plan(self, ids: np.ndarray) -> tuple[PromptPlan, bool]:
-        """The plan that runs the fewest chunks, and whether it restores from the store.
-
-        A fresh plan; a continuation after the longest prefix whose KV is still in its slots
-        (it keeps them, so it must end inside the prompt part of the cache); or, with a prefix
-        store, the longest prefix it holds, copied into slots placed so that the rest ends on
-        the chunk grid.  Ties go to the plan that copies least.
-        """
-        n, chunk = int(ids.size), self.shapes.chunk
-        best = PromptPlan(n, chunk)
-        restore = False
-        if not self.prefix_reuse:
-            return best, restore
-        common = shared_prefix(self._cached, ids)
-        if common:
-            try:
-                plan = PromptPlan(n, chunk, self.slots.first, common)
-            except ValueError:  # its first chunk would start before slot 0
-                plan = best
-            if (
-                plan.padded_len <= self.shapes.max_prompt_len
-                and plan.num_chunks < best.num_chunks
-                and self._rings_keep(plan.pad, plan.start)
-            ):
-                best = plan
-        hit = self.prefix_store.lookup(ids) if self.prefix_store is not None else 0
-        if hit:
-            chunks = -(-(n - hit) // chunk)
-            plan = PromptPlan(n, chunk, max(0, chunks * chunk - n), hit)
-            if plan.num_chunks < best.num_chunks:
-                best, restore = plan, True
-        return best, restore
-
-    def _rings_keep(self, first_slot: int, resume: int) -> bool:
-        """Whether every ring still holds the window a prompt resuming at slot ``resume``
-        reads (later tokens of the cached sequence may have overwritten it)."""
-        written = min(self.slots.next, self.cache.capacity)
-        return all(
-            ring_keeps(first_slot, resume, written, window, ring)
-            for window, ring in self.layout.rings
-        )
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
