@@ -11,8 +11,9 @@ import pytest
 from fuzz_driver import FuzzFailure, run
 
 from npuw_kv.kv.blocks import KVBlock, PoolKind
+from npuw_kv.kv.blocks import reclaim as reclaim_module
 from npuw_kv.kv.blocks import window_manager as wm_module
-from npuw_kv.kv.blocks.window_manager import WindowManager
+from npuw_kv.kv.blocks.reclaim import Reclaimer
 
 OPS = 25_000
 
@@ -37,15 +38,15 @@ def test_random_driver_fixed_seed() -> None:
 def test_driver_catches_a_host_reset_without_a_generation_bump(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reset = WindowManager._reset
+    reset = Reclaimer._reset
 
-    def stale_host_reset(self: WindowManager, block: KVBlock, taker: int | None = None) -> None:
+    def stale_host_reset(self: Reclaimer, block: KVBlock, taker: int | None = None) -> None:
         gen = block.gen
         reset(self, block, taker)
         if block.pool is PoolKind.HOST:
             block.gen = gen
 
-    monkeypatch.setattr(WindowManager, "_reset", stale_host_reset)
+    monkeypatch.setattr(Reclaimer, "_reset", stale_host_reset)
     with pytest.raises(FuzzFailure, match="reset since|empty"):
         run(OPS, seed=0)
 
@@ -61,6 +62,6 @@ def test_driver_catches_an_offload_that_moves_no_bytes(monkeypatch: pytest.Monke
         src.pool, dst.pool = dst.pool, src.pool
         src.slot, dst.slot = dst.slot, src.slot
 
-    monkeypatch.setattr(wm_module, "move_bytes", swap_only)
+    monkeypatch.setattr(reclaim_module, "move_bytes", swap_only)
     with pytest.raises(FuzzFailure, match="holds"):
         run(OPS, seed=0)

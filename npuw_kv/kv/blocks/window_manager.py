@@ -1,4 +1,5 @@
-"""Blocks of one window group: allocation, linear writing, detach, reuse, offload, onboard.
+"""Blocks of one window group: allocation, linear writing, detach, reuse, onboard; which block
+a call takes, and offloading its victim, is :class:`~.reclaim.Reclaimer`'s.
 
 Its choices — which block is freed first, when a victim is offloaded, how sliding-window blocks
 are claimed or copied on a hit, and when a sequence may still store its chain (owners and
@@ -14,6 +15,7 @@ from .block import EMPTY_LEVEL, KVBlock, PoolKind, TreeNode
 from .eviction import PrioritySpec
 from .planning import WindowGroup
 from .pool import BlockPool, SlotCopier, copy_bytes, move_bytes, numpy_copier
+from .reclaim import Reclaimer
 from .reuse_tree import ReuseTree
 from .sequence import (
     SeqBlocks,
@@ -52,8 +54,6 @@ class WindowManager:
         self.group = group
         self.window = group.window
         self.tpb = group.tokens_per_block
-        self.default_priority = default_priority
-        self.offload_min_priority = offload_min_priority
         stores = copier is None
         self.primary = BlockPool(PoolKind.PRIMARY, group, group.primary_blocks, stores)
         self.host = BlockPool(PoolKind.HOST, group, group.host_blocks, stores)
@@ -74,6 +74,17 @@ class WindowManager:
         self.counters = WindowCounters()
         self._sink = sink
         self._trailing = required_trailing_blocks(group.window, self.tpb)
+        self._reclaim = Reclaimer(
+            self.pools,
+            self.tree,
+            self.seqs,
+            self.counters,
+            self._copy,
+            self._emit_move,
+            is_swa=group.is_swa,
+            default_priority=default_priority,
+            offload_min_priority=offload_min_priority,
+        )
 
     # ---- queries -------------------------------------------------------------------------
     def match(self, tokens: Sequence[int], max_blocks: int) -> WindowMatch:
@@ -142,7 +153,7 @@ class WindowManager:
                 plan.append((j, b, "share"))
         for j, b, action in plan:
             if action == "copy":
-                fresh = self._take_free_primary(serial, j)
+                fresh = self._reclaim.take_free_primary(serial, j)
                 copy_bytes(b, fresh, self._copy)
                 fresh.ref_count = 1
                 fresh.priority = priorities.for_block(j)
@@ -150,7 +161,7 @@ class WindowManager:
                 self.counters.copied_blocks += 1
                 continue
             if action == "onboard":
-                empty = self._take_free_primary(serial, j)
+                empty = self._reclaim.take_free_primary(serial, j)
                 move_bytes(b, empty, self._copy)
                 empty.last_owner = None  # holds no one's bytes now (it must not invalidate us)
                 empty.position = None
@@ -198,7 +209,7 @@ class WindowManager:
             assert block is not None
             self._release(seq, block, idx, final=True)
         if self.tree is not None and swa:
-            self._drop_kept(seq)  # kept for storing, now stored or worthless
+            self._reclaim.drop_kept(seq)  # kept for storing, now stored or worthless
         del self.seqs[serial]
 
     def truncate_error(self, serial: int, n_tokens: int) -> str | None:
@@ -225,10 +236,7 @@ class WindowManager:
             block = seq.table[idx]
             assert block is not None
             if block.node is not None:
-                assert self.tree is not None
-                for lost in self.tree.evict(block):
-                    if lost.queue_level is not None and lost.queue_level != EMPTY_LEVEL:
-                        self.pools[lost.pool].queue.requeue(lost, EMPTY_LEVEL)
+                self._reclaim.uncache(block)
             if idx >= keep:
                 self._release(seq, block, idx, final=True)
         del seq.table[keep:]
@@ -246,7 +254,7 @@ class WindowManager:
         # what the call's first token cannot see; detached before allocating, so reusable
         self._detach_upto(seq, n_from + 1)
         for idx in range(len(seq.table), blocks_for(n_to, self.tpb)):
-            block = self._take_free_primary(seq.serial, idx)
+            block = self._reclaim.take_free_primary(seq.serial, idx)
             block.ref_count = 1
             block.priority = seq.priorities.for_block(idx)
             seq.put(idx, block)
@@ -280,84 +288,6 @@ class WindowManager:
             and seq.holds_bytes(idx)
         )
         self.pools[block.pool].queue.push(block, block.priority if keep else EMPTY_LEVEL)
-
-    def _take_free_primary(self, serial: int, index: int) -> KVBlock:
-        """``get_free_block``: reclaim a primary block, offloading the victim if worth it."""
-        level = self.primary.queue.peek_level()
-        victim = self.primary.queue.pop_victim()
-        host_level = self.host.queue.peek_level()
-        if (
-            level is not None
-            and level != EMPTY_LEVEL
-            and victim.priority >= self.offload_min_priority
-            and host_level is not None
-            and host_level <= level  # room: never drop a more valuable host block for it
-        ):
-            empty = self.host.queue.pop_victim()
-            self._reset(empty)  # may cut the victim from the tree or invalidate its owner
-            if self._worth_keeping(victim):
-                move_bytes(victim, empty, self._copy)
-                self.host.queue.push(victim, level)
-                self.counters.offloads += 1
-                self._emit_move("offloaded", victim)
-                victim = empty
-            else:
-                self.host.queue.push(empty, EMPTY_LEVEL)
-                self._reset(victim, serial)
-        else:
-            self._reset(victim, serial)
-        victim.last_owner = serial
-        victim.position = index
-        return victim
-
-    def _worth_keeping(self, block: KVBlock) -> bool:
-        """Cached, or a detached SWA block its live owner may still store."""
-        if block.node is not None:
-            return True
-        owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
-        index = block.position
-        return (
-            owner is not None
-            and index is not None
-            and index < owner.storable_upto(index + 1)
-            and self.tree is not None
-        )
-
-    def _reset(self, block: KVBlock, taker: int | None = None) -> None:
-        """Forget what ``block`` held: drop it from the tree, invalidate its last owner, and
-        bump its generation so every table slot that recorded the old one reads as stale
-        (its bytes are about to be overwritten, or are no longer anyone's).
-
-        The owner is not invalidated when it is the ``taker``: a sequence that gets its own
-        detached block back loses only that slot's bytes (``holds_bytes``), and its later blocks
-        can still be stored.
-        """
-        if block.node is not None:
-            assert self.tree is not None
-            for lost in self.tree.evict(block):
-                if lost.queue_level is not None and lost.queue_level != EMPTY_LEVEL:
-                    self.pools[lost.pool].queue.requeue(lost, EMPTY_LEVEL)
-        owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
-        if owner is not None and owner.storable and self.group.is_swa and owner.serial != taker:
-            self._invalidate(owner)
-        block.gen += 1
-        block.last_owner = None
-        block.position = None
-        block.priority = self.default_priority
-
-    def _invalidate(self, seq: SeqBlocks) -> None:
-        """Mark ``seq`` unstorable; its kept detached blocks become worthless at once, so they
-        are reclaimed before any cached block."""
-        seq.storable = False
-        self.counters.invalidated_sequences += 1
-        self._drop_kept(seq)
-
-    def _drop_kept(self, seq: SeqBlocks) -> None:
-        """Requeue as worthless the detached, uncached blocks ``seq`` kept only to store them."""
-        for j, b in enumerate(seq.table[: seq.first_live]):
-            level = None if b is None or b.node is not None else b.queue_level
-            if b is not None and level not in (None, EMPTY_LEVEL) and seq.holds_bytes(j):
-                self.pools[b.pool].queue.requeue(b, EMPTY_LEVEL)
 
     def _store_full(self, seq: SeqBlocks, tokens: Sequence[int], upto: int) -> None:
         """Cache the full blocks below ``upto`` not stored yet; all of them again if evicting
