@@ -4,26 +4,9 @@ A sequence lives in every window group at once. ``add_sequence`` looks the promp
 group's reuse tree, takes the longest hit every group can serve, checks that every group has
 the blocks it needs, and only then changes state; so an error leaves the manager untouched.
 
-Design choices:
-
-- A hit is a whole number of blocks and by default leaves at least one prompt token to compute
-  (the model needs one position to produce logits), so at most ``len(prompt) - 1`` tokens,
-  rounded down. ``max_hit_tokens`` sets another limit: lower, or up to the whole prompt for a
-  caller that only moves bytes (a host prefix store copying blocks in and out).
-- The sequence's hit is the longest hit *every* window can serve. That is the minimum of the
-  per-window hits when each window's usable hits form a prefix (full attention), and stays
-  correct when an SWA window can serve a long hit but not a shorter one (hollow tree nodes).
-- Sequence ids are any hashable values; internally each sequence gets a fresh serial, so an id
-  reused after ``remove_sequence`` never inherits the old sequence's ownership marks.
-- The runtime writes K/V rows itself: after each call, ``block_table`` gives the primary slot of
-  every live block (``-1`` for detached ones) and ``layer_view``/``storage`` give the bytes.
-  Long prompts go in chunks (``lookup``, then ``add_sequence(id, prompt[:hit + C])``, then
-  ``add_tokens`` per chunk) so SWA windows hold about ``window + C`` tokens, not the prompt.
-  ``C`` may not exceed ``max_tokens_per_call`` (``ChunkTooLargeError``): the budget check at
-  construction is sized for it, so one ``max_seq_len`` sequence always fits an empty manager.
-- ``OutOfBlocksError`` says the largest call that would fit right now, so a scheduler can
-  shrink the chunk instead of stalling.
-- Not thread-safe: one engine loop owns the manager (as in the reference schedulers).
+Its choices (the hit every window can serve, ``max_hit_tokens``, sequence serials, how the
+runtime writes rows, what ``OutOfBlocksError`` says) are in docs/design.md, "Choices across
+window groups".
 """
 
 from __future__ import annotations
