@@ -24,6 +24,7 @@ import openvino_genai
 
 from . import speculative
 from .beam_search import beam_search
+from .chat_history import fit_history
 from .chat_prefix import system_prompt_tokens
 from .config import PipelineConfig
 from .decode import GenerationResult, Streamer, generate_sequences
@@ -160,38 +161,22 @@ class LLMPipeline:
     def fit_chat_history(self, prompt: str) -> int:
         """Make room for ``prompt`` as the next user turn: when the chat would outgrow
         MAX_PROMPT_LEN, drop the oldest user/assistant exchanges (the system message stays)
-        down to half of it.  Returns how many exchanges were dropped.
-
-        A long chat would otherwise end in a capacity error that costs the user's message (or
-        the whole history).  Dropping only what the next turn needs would change the tokens
-        after the system message on every turn from then on, and with them every cached KV
-        entry after it; dropping down to half keeps the history a stable prefix for the next
-        turns, which then reuse its KV and run only their own tokens.  When half is not
-        reachable the fewest exchanges that make the prompt fit are dropped.  If the prompt
-        does not fit even alone, the history is left as it was and :meth:`generate` raises the
-        usual error naming the setting.
+        down to half of it, so the history stays a stable prefix whose KV the next turns reuse
+        (:mod:`.chat_history`).  Returns how many exchanges were dropped.  If the prompt does
+        not fit even alone, the history is left as it was and :meth:`generate` raises the usual
+        error naming the setting.
         """
         with self._exclusive():
             if self._history is None:
                 raise ValueError("fit_chat_history needs chat mode: call start_chat() first")
-            limit = self.config.max_prompt_len  # never above the trained context (checked)
-            system = [m for m in self._history[:1] if m["role"] == "system"]
-            turns = self._history[len(system) :]
-            user = {"role": "user", "content": prompt}
-            if self._encoder.messages([*self._history, user]).size <= limit:
-                return 0
-            fits = None
-            for dropped in range(1, len(turns) // 2 + 1):
-                kept = system + turns[2 * dropped :]  # an exchange: a user message, its answer
-                size = self._encoder.messages([*kept, user]).size
-                if fits is None and size <= limit:
-                    fits = dropped
-                if size <= limit // 2:
-                    fits = dropped
-                    break
-            if fits is not None:
-                self._history = system + turns[2 * fits :]
-            return fits or 0
+            # the limit is never above the trained context (checked at construction)
+            self._history, dropped = fit_history(
+                self._history,
+                prompt,
+                lambda messages: int(self._encoder.messages(messages).size),
+                self.config.max_prompt_len,
+            )
+            return dropped
 
     # -- generation ---------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False, template: bool = True) -> np.ndarray:
