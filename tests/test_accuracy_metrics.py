@@ -9,7 +9,7 @@ import pytest
 
 from npuw_kv.accuracy import metrics
 from npuw_kv.accuracy.report import markdown, table
-from npuw_kv.accuracy.run import Result, _lead_at
+from npuw_kv.accuracy.result import Result
 
 
 def test_first_divergence():
@@ -20,9 +20,9 @@ def test_first_divergence():
 
 def test_ref_margin_is_the_reference_lead_over_the_token_chosen_instead():
     ref = np.array([[1.0, 3.0, 2.5, 0.0], [4.0, 0.0, 1.0, 2.0]])
-    assert _lead_at(ref, [1, 0], [1, 3], 1) == pytest.approx(2.0)  # not the runner-up's 1.0
-    assert _lead_at(ref, [1, 0], [2, 0], 0) == pytest.approx(0.5)
-    assert math.isnan(_lead_at(ref, [1, 0], [1, 0], None))  # no divergence, no margin
+    assert metrics.lead_at(ref, [1, 0], [1, 3], 1) == pytest.approx(2.0)  # not the runner-up's 1.0
+    assert metrics.lead_at(ref, [1, 0], [2, 0], 0) == pytest.approx(0.5)
+    assert math.isnan(metrics.lead_at(ref, [1, 0], [1, 0], None))  # no divergence, no margin
 
 
 def test_kl_is_zero_for_equal_and_shift_invariant():

@@ -8,8 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npuw_kv.accuracy.modes import PEER_SLACK
+from npuw_kv.accuracy.peers import gate_against_peer
 from npuw_kv.accuracy.report import table
-from npuw_kv.accuracy.run import PEER_SLACK, Result, _gate_against_peer, _run_one
+from npuw_kv.accuracy.result import Result
+from npuw_kv.accuracy.run import _run_one
 from npuw_kv.cli import main
 
 
@@ -120,18 +123,18 @@ def test_device_default_gate_follows_the_peer():
     the peer it needs is missing, and is only left ungated when peers were turned off."""
     peer = Result(1024, "CPU", "ir-default (peer)", 256, 64, max_abs_dlogit=1.0, mean_kl=4e-3)
     within = _device_default(1.4, 4.9e-3)
-    _gate_against_peer(within, peer)
+    gate_against_peer(within, peer)
     assert within.passed and within.tolerance == 1.5 and within.extra["kl_limit"] == 5e-3
     for dlogit, kl in ((1.6, 1e-3), (0.5, 5.1e-3)):
         worse = _device_default(dlogit, kl)
-        _gate_against_peer(worse, peer)
+        gate_against_peer(worse, peer)
         assert not worse.passed, (dlogit, kl)
     peer.error = "ir-default cannot run this model: boom"
     orphan = _device_default(0.1, 1e-4)
-    _gate_against_peer(orphan, peer)
+    gate_against_peer(orphan, peer)
     assert not orphan.passed and "boom" in (orphan.error or "")
     unchecked = _device_default(9.0, 9.0)
-    _gate_against_peer(unchecked, None)
+    gate_against_peer(unchecked, None)
     assert unchecked.passed and "--no-peer" in unchecked.extra["gate"]
 
 

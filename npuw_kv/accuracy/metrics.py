@@ -39,3 +39,13 @@ def perplexity(nlls: Sequence[np.ndarray]) -> float:
     """exp(mean NLL) over the rows of every piece of :func:`nll` (nan for none)."""
     values = np.concatenate(nlls) if nlls else np.empty(0)
     return float(np.exp(values.mean())) if values.size else float("nan")
+
+
+def lead_at(
+    ref_logits: np.ndarray, ref_tokens: list[int], chosen: list[int], position: int | None
+) -> float:
+    """The reference's logit for its token minus its logit for ``chosen`` at ``position``."""
+    if position is None or position >= min(len(ref_logits), len(chosen)):
+        return float("nan")
+    row = ref_logits[position]
+    return float(row[ref_tokens[position]] - row[chosen[position]])

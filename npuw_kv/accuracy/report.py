@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .run import Result
+from .result import Result
 
 _COLUMNS = (
     "config",

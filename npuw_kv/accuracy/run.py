@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,49 +16,13 @@ import numpy as np
 
 from ..pipeline import LLMPipeline
 from ..prompts import prompt_ids, stdlib_text
-from ..runtime.compile import last_line
 from . import metrics
 from .modes import DEFAULT_PARTS, MODES, NOT_ON_DEVICE, PEER_SLACK, TOLERANCE
-from .reference import (
-    EXACT_REFERENCE,
-    GenaiReference,
-    NpuwLLM,
-    StatefulReference,
-    TorchReference,
-)
+from .peers import gate_against_peer, load_torch, peer_configs, run_peer, torch_peer
+from .reference import EXACT_REFERENCE, GenaiReference, StatefulReference, TorchReference
+from .result import Result
 
 SECRET = "4721"
-
-
-@dataclass
-class Result:
-    prompt_len: int
-    device: str
-    mode: str
-    chunk: int
-    new_tokens: int
-    matched: int = 0
-    first_divergence: int | None = None
-    max_abs_dlogit: float = float("nan")
-    mean_kl: float = float("nan")
-    ppl: float = float("nan")
-    ppl_ref: float = float("nan")
-    # where the paths part, how far the reference's logit for its token is ahead of its logit
-    # for the token chosen instead: an error that size flips it, so a small lead marks a
-    # near-tie, not a defect
-    ref_margin: float = float("nan")
-    retrieval_found: bool | None = None
-    tolerance: float | None = None
-    error: str | None = None
-    passed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.device}/{self.mode}/C{self.chunk}/{self.prompt_len}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "name": self.name}
 
 
 def retrieval_prompt(pipe: LLMPipeline, num_tokens: int) -> np.ndarray:
@@ -94,7 +57,7 @@ def evaluate(
     return {
         "matched": len(ref_tokens) if divergence is None else divergence,
         "first_divergence": divergence,
-        "ref_margin": _lead_at(ref_logits, ref_tokens, greedy, divergence),
+        "ref_margin": metrics.lead_at(ref_logits, ref_tokens, greedy, divergence),
         "max_abs_dlogit": float(np.abs(our_logits - ref_logits).max()),
         "mean_kl": float(metrics.kl_divergence(ref_logits, our_logits).mean()),
         "ppl": metrics.perplexity(nlls),
@@ -138,15 +101,15 @@ def run_matrix(
             continue
         baseline: Result | None = None  # the ir-default peer, device-default's yardstick
         if peer:
-            for label, device, props in _peers(modes, prompt_len, new_tokens):
+            for label, device, props in peer_configs(modes, prompt_len, new_tokens):
                 result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
-                _peer(result, props, model_dir, ids, ref_tokens, ref_logits)
+                run_peer(result, props, model_dir, ids, ref_tokens, ref_logits)
                 results.append(result)
                 if label == "ir-default":
                     baseline = result
             if torch is None:
-                torch = _load_torch(torch_source)
-            results.append(_torch_peer(torch, ids, ref_tokens, ref_logits))
+                torch = load_torch(torch_source)
+            results.append(torch_peer(torch, ids, ref_tokens, ref_logits))
         for device in devices:
             for mode in modes:
                 for chunk in chunks:
@@ -197,130 +160,12 @@ def _run_one(
         result.extra["gate"] = "not gated: reported only"
         return
     if result.mode not in TOLERANCE:
-        _gate_against_peer(result, baseline)
+        gate_against_peer(result, baseline)
         return
     result.tolerance = TOLERANCE[result.mode][result.device]
     result.passed = (
         result.max_abs_dlogit <= result.tolerance and result.matched == result.new_tokens
     )
-
-
-def _gate_against_peer(result: Result, baseline: Result | None) -> None:
-    """Pass when our error is within PEER_SLACK of the ir-default peer's on the same prompt."""
-    if baseline is None:  # --no-peer: the user chose to run without the yardstick
-        result.passed = True
-        result.extra["gate"] = "not gated: run without peers (--no-peer)"
-        return
-    if baseline.error is not None:  # asked for, but missing: fail rather than pass unchecked
-        result.error = f"no ir-default peer to hold device-default to: {baseline.error}"
-        return
-    limits = {key: factor * getattr(baseline, key) for key, factor in PEER_SLACK.items()}
-    result.tolerance = limits["max_abs_dlogit"]
-    result.extra["gate"] = "peer"
-    result.extra["kl_limit"] = limits["mean_kl"]
-    result.passed = all(getattr(result, key) <= limit for key, limit in limits.items())
-
-
-def _peer(
-    result: Result,
-    properties: dict[str, Any],
-    model_dir: Path,
-    ids: np.ndarray,
-    ref_tokens: list[int],
-    ref_logits: np.ndarray,
-) -> None:
-    """Another runtime against the reference: reported, never gated.
-
-    NPUW's LLM pipeline and the stateful IR at the CPU's defaults are teacher-forced like
-    ours (tokens, |dlogit|, KL); genai at its defaults runs free (tokens only).
-    """
-    label = result.mode.removesuffix(" (peer)")
-    result.passed = True
-    logits: np.ndarray | None = None
-    tokens: list[int] | None = None
-    try:
-        if label == "npuw-llm":
-            logits = NpuwLLM(model_dir, **properties).run(ids, ref_tokens)
-        elif label == "ir-default":
-            logits = StatefulReference(model_dir, properties=properties).run(ids, ref_tokens)[1]
-        else:
-            genai = GenaiReference(model_dir, result.device, **properties)
-            tokens = genai.generate(ids, result.new_tokens)
-    except Exception as exc:
-        reason = last_line(exc)[:200]
-        result.error = f"{label} cannot run this model: {reason}"
-        return
-    _score_peer(result, logits, ref_tokens, ref_logits, tokens)
-
-
-def _load_torch(source: Path | None) -> TorchReference | Exception:
-    try:
-        return TorchReference(source)
-    except Exception as exc:  # not installed, no weights: each torch row says so
-        return exc
-
-
-def _torch_peer(
-    reference: TorchReference | Exception,
-    ids: np.ndarray,
-    ref_tokens: list[int],
-    ref_logits: np.ndarray,
-) -> Result:
-    """transformers on the same weights: an implementation independent of OpenVINO."""
-    result = Result(len(ids), "CPU", "torch (peer)", len(ids), len(ref_tokens), passed=True)
-    try:
-        if isinstance(reference, Exception):
-            raise reference
-        result.ppl, logits = reference.run(ids, ref_tokens)
-    except Exception as exc:
-        result.error = f"torch reference: {last_line(exc)[:200]}"
-        return result
-    _score_peer(result, logits, ref_tokens, ref_logits)
-    return result
-
-
-def _score_peer(
-    result: Result,
-    logits: np.ndarray | None,
-    ref_tokens: list[int],
-    ref_logits: np.ndarray,
-    tokens: list[int] | None = None,
-) -> None:
-    """Agreement of a peer's teacher-forced ``logits`` (or free-running ``tokens``)."""
-    if logits is not None:
-        tokens = [int(np.argmax(row)) for row in logits]
-        result.max_abs_dlogit = float(np.abs(logits - ref_logits).max())
-        result.mean_kl = float(metrics.kl_divergence(ref_logits, logits).mean())
-    divergence = metrics.first_divergence(tokens or [], ref_tokens)
-    result.matched = result.new_tokens if divergence is None else divergence
-    result.first_divergence = divergence
-    result.ref_margin = _lead_at(ref_logits, ref_tokens, tokens or [], divergence)
-
-
-def _lead_at(
-    ref_logits: np.ndarray, ref_tokens: list[int], chosen: list[int], position: int | None
-) -> float:
-    """The reference's logit for its token minus its logit for ``chosen`` at ``position``."""
-    if position is None or position >= min(len(ref_logits), len(chosen)):
-        return float("nan")
-    row = ref_logits[position]
-    return float(row[ref_tokens[position]] - row[chosen[position]])
-
-
-def _peers(modes: Sequence[str], prompt_len: int, new_tokens: int) -> list[tuple[str, str, dict]]:
-    """NPUW's own LLM pipeline always.  Next to our device-default mode: the untouched stateful
-    IR and genai, both at the CPU's defaults, so a divergence there can be read against what
-    the plugin itself does with the same precision settings."""
-    npuw = {
-        "NPUW_DEVICES": "CPU",
-        "NPUW_LLM_MAX_PROMPT_LEN": -(-prompt_len // 256) * 256,
-        "NPUW_LLM_MIN_RESPONSE_LEN": max(new_tokens, 64),
-        "NPUW_LLM_PREFILL_CHUNK_SIZE": 256,
-    }
-    peers = [("npuw-llm", "NPU", npuw)]
-    if "device-default" in modes:
-        peers += [("ir-default", "CPU", {}), ("genai-default", "CPU", {})]
-    return peers
 
 
 __all__ = [
