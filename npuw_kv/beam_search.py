@@ -31,7 +31,7 @@ import numpy as np
 from .decode import GenerationResult
 from .generation_config import GenerationConfig
 from .logits_process import banned_ngram_ends
-from .results import TimedRunner
+from .perf_metrics import TimedRunner
 from .runtime.beam_tables import BeamCache, beam_runner
 from .stopping import StopStrings
 

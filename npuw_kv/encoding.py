@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino_genai
 
-from .results import CallTimer
+from .perf_metrics import CallTimer
 from .runtime.compile import last_line
 
 T = TypeVar("T")

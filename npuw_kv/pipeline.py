@@ -31,17 +31,12 @@ from .decode import GenerationResult, Streamer, generate_sequences
 from .draft import record_genai_drafts
 from .encoding import PromptEncoder, check_text
 from .errors import ModelLoadError
-from .inputs import (
-    Prompt,
-    check_request,
-    model_directory,
-    pipeline_args,
-    read_inputs,
-    scheduler_settings,
-)
+from .inputs import Prompt, check_request, read_inputs
 from .model.source import trained_context
 from .model.variants import read_ir
-from .results import CallTimer, DecodedResults, EncodedResults, TextResult
+from .perf_metrics import CallTimer
+from .pipeline_args import model_directory, pipeline_args, scheduler_settings
+from .results import DecodedResults, EncodedResults, TextResult
 from .runtime.build import build_runner
 from .runtime.compile import last_line
 from .runtime.heap import fix_mmap_threshold, release_free_heap

@@ -28,7 +28,7 @@ import numpy as np
 from .candidates import CandidateSource, DraftProposer, PromptLookup
 from .draft import DraftModel, build_draft, resolve_draft
 from .generation_config import GenerationConfig
-from .results import PerfMetrics
+from .perf_metrics import PerfMetrics
 from .runtime.runner import SPECULATIVE_PATH, Runner
 from .speculative_metrics import ModelCalls, SDPerfMetrics, SDPerModelsPerfMetrics
 

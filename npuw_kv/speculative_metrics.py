@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .results import MeanStdPair, PerfMetrics, RawPerfMetrics, _mean_std, _us
+from .perf_metrics import MeanStdPair, PerfMetrics, RawPerfMetrics, mean_std, now_us
 
 
 @dataclass
@@ -29,9 +29,9 @@ class ModelCalls:
 
     def run(self, call: Callable[..., Any], *args: Any, tokens: int = 1) -> Any:
         """``call(*args)``, timed; ``tokens``: answer tokens taken from its output so far."""
-        start = _us()
+        start = now_us()
         out = call(*args)
-        end = _us()
+        end = now_us()
         self.durations.append(end - start)
         self.ends.append(end)
         self.tokens.append(tokens)
@@ -93,15 +93,15 @@ class SDPerfMetrics(PerfMetrics):
             if n > 1:
                 out.append(raw.m_durations[at + 1])
             at += n
-        return _mean_std(out)
+        return mean_std(out)
 
     def get_latency(self) -> MeanStdPair:
         """Mean time of a call from the third on (ms per inference)."""
-        return _mean_std(self._per_prompt(2))
+        return mean_std(self._per_prompt(2))
 
     def get_tpot(self) -> MeanStdPair:
         """From the third call on, each call's duration per answer token it gave."""
-        return _mean_std(self._per_prompt(2, per_token=True))
+        return mean_std(self._per_prompt(2, per_token=True))
 
     def __add__(self, other: PerfMetrics) -> SDPerfMetrics:
         if not isinstance(other, SDPerfMetrics):

@@ -22,7 +22,8 @@ from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
 
 from npuw_kv import LLMPipeline
 from npuw_kv.decode import GenerationResult
-from npuw_kv.results import DecodedResults, EncodedResults, PerfMetrics, TextResult
+from npuw_kv.perf_metrics import PerfMetrics
+from npuw_kv.results import DecodedResults, EncodedResults, TextResult
 from npuw_kv.settings import EXACT_F32
 
 QUESTION = "What is the capital of France?"
