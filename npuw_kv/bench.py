@@ -13,165 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
-import time
 from typing import Any
 
+from .bench_worker import RUNTIMES, genai_properties, measure
 from .cli_args import pipeline_kwargs
 from .config import PipelineConfig
 from .snippets import snippet_kernels, snippet_probe
 
-RUNTIMES = (
-    "npuw-kv",
-    "npuw-kv-sdpa",
-    "npuw-kv-npu",
-    "npuw-kv-npu-static",
-    "genai-cpu",
-    "genai-sdpa",
-    "npuw-llm",
-    "npuw-llm-pyramid",
-)
-# our runtimes' settings beyond the device (a setting given with -p wins)
-_OUR_PRESETS: dict[str, dict[str, Any]] = {
-    "npuw-kv-sdpa": {"attention_backend": "sdpa"},  # the static-shape path on CPU
-    # the NPU path without its variants: one prefill model over the whole past, one generate
-    "npuw-kv-npu-static": {"prefill_attention": "static", "generate_pyramid": False},
-}
-# NPUW's own LLM pipeline with its pyramid prefill and generate variants
-_NPUW_PYRAMID = {"NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID", "NPUW_LLM_GENERATE_PYRAMID": "YES"}
 QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def genai_properties(settings: dict[str, Any]) -> dict[str, Any]:
-    """What of our settings openvino-genai's pipelines are given: OpenVINO properties, and the
-    KV precision and NPUW's LLM options (``NPUW_LLM_*``, which ours alias) under the names genai
-    reads too.  Our own settings are not genai's (it reads ATTENTION_BACKEND itself, with other
-    values)."""
-    return {
-        key: value
-        for key, value in settings.items()
-        if PipelineConfig.setting_name(key) is None
-        or key.upper() == "KV_CACHE_PRECISION"
-        or key.upper().startswith("NPUW_LLM_")
-    }
-
-
-def genai_pipeline(
-    runtime: str, model_dir: Any, props: dict[str, Any], max_prompt: int, min_response: int
-) -> Any:
-    """openvino-genai's pipeline as the peer ``runtime`` runs it (cold: no prefix caching)."""
-    import openvino_genai
-
-    if runtime == "genai-cpu":
-        scheduler = openvino_genai.SchedulerConfig()
-        scheduler.enable_prefix_caching = False
-        return openvino_genai.LLMPipeline(
-            str(model_dir), "CPU", scheduler_config=scheduler, **props
-        )
-    if runtime == "genai-sdpa":
-        return openvino_genai.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props)
-    if runtime in ("npuw-llm", "npuw-llm-pyramid"):
-        if runtime == "npuw-llm-pyramid":
-            props = {**_NPUW_PYRAMID, **props}
-        return openvino_genai.LLMPipeline(
-            str(model_dir),
-            "NPU",
-            NPUW_DEVICES="CPU",
-            MAX_PROMPT_LEN=max_prompt,
-            MIN_RESPONSE_LEN=min_response,
-            NPUW_LLM_PREFILL_CHUNK_SIZE=256,
-            **props,
-        )
-    raise ValueError(f"unknown runtime {runtime!r}; choose from {RUNTIMES}")
-
-
-def _worker(
-    runtime: str,
-    model: str | None,
-    prompt_len: int,
-    new_tokens: int,
-    repeats: int,
-    extra: dict[str, Any],
-    max_prompt: int | None = None,
-    min_response: int | None = None,
-) -> dict[str, Any]:
-    import numpy as np
-    import openvino as ov
-    import openvino_genai
-
-    from .model.source import resolve_model
-    from .prompts import prompt_ids
-
-    model_dir = resolve_model(model, log=lambda *a, **k: None)
-    ids = prompt_ids(openvino_genai.Tokenizer(str(model_dir)), prompt_len)
-    if max_prompt is None:
-        max_prompt = max(1024, -(-prompt_len // 256) * 256)
-    if min_response is None:
-        min_response = max(128, new_tokens)
-    load_start = time.perf_counter()
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    info: dict[str, Any] = {}
-    if runtime.startswith("npuw-kv"):
-        from .pipeline import LLMPipeline
-
-        device = "NPU" if runtime.startswith("npuw-kv-npu") else "CPU"
-        # every timed run repeats the prompt: reusing its cached KV would time one chunk, so the
-        # runs are cold, as genai-cpu's (prefix caching off); -p PREFIX_REUSE=YES overrides
-        settings = dict(extra)
-        named = {PipelineConfig.setting_name(key) for key in settings}
-        if "prefix_reuse" not in named:
-            settings["prefix_reuse"] = False
-        for name, value in _OUR_PRESETS.get(runtime, {}).items():
-            if name not in named:
-                settings[name] = value
-        pipe = LLMPipeline(
-            model_dir,
-            device,
-            max_prompt_len=max_prompt,
-            min_response_len=min_response,
-            **settings,
-        )
-        load_s = time.perf_counter() - load_start
-        for i in range(repeats + 1):
-            r = pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
-            if i:
-                ttfts.append(r.ttft_s)
-                tpots.append(r.ms_per_token)
-        stats = pipe.kv_stats()
-        info = {
-            "kv_bytes": stats["kv_bytes_allocated"],
-            "host_copied": stats["host_bytes_copied"],
-            "switch_copied": stats["switch_host_bytes_copied"],
-            "reused_tokens": stats["reused_tokens"],  # 0: every timed run was a cold prefill
-            "tokens": r.tokens,
-        }
-    else:
-        pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, min_response)
-        load_s = time.perf_counter() - load_start
-        config = openvino_genai.GenerationConfig()
-        config.max_new_tokens = new_tokens
-        config.ignore_eos = True
-        for i in range(repeats + 1):
-            res = pipe.generate(ov.Tensor(np.asarray(ids)[None]), config)
-            if i:
-                ttfts.append(res.perf_metrics.get_ttft().mean / 1000.0)
-                tpots.append(res.perf_metrics.get_tpot().mean)
-        info = {"tokens": [int(t) for t in res.tokens[0]]}
-    return {
-        "runtime": runtime,
-        "ttft_s": min(ttfts),
-        "ms_per_token": min(tpots),
-        "load_s": load_s,
-        "peak_rss_mb": _peak_rss_mb(),
-        **info,
-    }
 
 
 def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
@@ -320,7 +171,7 @@ def _main() -> int:
     if a.snippet_probe:
         print(f"{snippet_probe(*a.snippet_probe):.1f}")
         return 0
-    result = _worker(
+    result = measure(
         a.worker,
         a.model,
         a.prompt_len,

@@ -80,7 +80,7 @@ def _worker(runtime: str, prompt_len: int, new_tokens: int, properties: dict[str
     if runtime == "npuw-kv":
         _npuw_kv(model, ids, new_tokens, properties)
         return
-    from npuw_kv.bench import genai_pipeline, genai_properties
+    from npuw_kv.bench_worker import genai_pipeline, genai_properties
 
     genai = genai_pipeline(runtime, model, genai_properties(properties), 1024, 128)
     _stage("load")

@@ -239,9 +239,9 @@ def test_generate_without_new_tokens_reports_no_rate(capsys):
 
 def test_bench_prefix_reuse_override_reaches_the_worker():
     """Runs are cold by default; ``-p PREFIX_REUSE=YES`` (any spelling) turns reuse back on."""
-    from npuw_kv.bench import _worker
+    from npuw_kv.bench_worker import measure
 
     shapes = {"prefill_chunk_size": 32}
-    cold = _worker("npuw-kv", None, 40, 2, 1, shapes, 64, 8)
-    warm = _worker("npuw-kv", None, 40, 2, 1, {**shapes, "PREFIX_REUSE": "YES"}, 64, 8)
+    cold = measure("npuw-kv", None, 40, 2, 1, shapes, 64, 8)
+    warm = measure("npuw-kv", None, 40, 2, 1, {**shapes, "PREFIX_REUSE": "YES"}, 64, 8)
     assert cold["reused_tokens"] == 0 and warm["reused_tokens"] > 0
