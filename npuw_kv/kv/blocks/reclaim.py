@@ -30,7 +30,6 @@ class Reclaimer:
         copy: SlotCopier,
         emit_move: Callable[[str, KVBlock], None],
         *,
-        is_swa: bool,
         default_priority: int,
         offload_min_priority: int,
     ) -> None:
@@ -41,7 +40,7 @@ class Reclaimer:
         self.counters = counters
         self._copy = copy
         self._emit_move = emit_move
-        self.is_swa = is_swa
+        self.is_swa = self.primary.group.is_swa
         self.default_priority = default_priority
         self.offload_min_priority = offload_min_priority
 

@@ -81,7 +81,6 @@ class WindowManager:
             self.counters,
             self._copy,
             self._emit_move,
-            is_swa=group.is_swa,
             default_priority=default_priority,
             offload_min_priority=offload_min_priority,
         )
