@@ -17,7 +17,7 @@ import numpy as np
 from ..pipeline import LLMPipeline
 from ..prompts import prompt_ids, stdlib_text
 from . import metrics
-from .modes import DEFAULT_PARTS, MODES, NOT_ON_DEVICE, PEER_SLACK, TOLERANCE
+from .modes import DEFAULT_PARTS, MODES, NOT_ON_DEVICE, TOLERANCE
 from .peers import gate_against_peer, load_torch, peer_configs, run_peer, torch_peer
 from .reference import EXACT_REFERENCE, GenaiReference, StatefulReference, TorchReference
 from .result import Result
@@ -171,7 +171,6 @@ def _run_one(
 __all__ = [
     "DEFAULT_PARTS",
     "MODES",
-    "PEER_SLACK",
     "TOLERANCE",
     "Result",
     "run_matrix",
