@@ -2,7 +2,9 @@
 
 Each runtime runs in its own subprocess so its peak RSS (``ru_maxrss``) is its own.  Every
 worker loads the model, warms up once, then times ``--repeats`` generations of the same prompt
-ids and keeps the minimum TTFT and ms/token.  Times on a shared 2-core machine are noisy:
+ids and keeps the minimum TTFT and ms/token; "loaded MB" is its resident set once loaded (the
+compiled models, before any inference), and the static-shape path's rows are followed by what
+a prefill chunk took at each past length.  Times on a shared 2-core machine are noisy:
 compare the ratios printed from one run, not absolute numbers across runs.
 
 ``python -m npuw_kv.bench --snippet-kernels`` measures one cost behind the static-shape path's
@@ -93,8 +95,8 @@ def run_bench(args: argparse.Namespace) -> int:
         (r for r in results if r["runtime"].startswith("npuw-kv") and "error" not in r), None
     )
     header = (
-        f"{'runtime':<19}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'KV MB':>8}"
-        f"{'load s':>8}  same tokens"
+        f"{'runtime':<19}{'TTFT s':>9}{'ms/token':>10}{'peak RSS MB':>13}{'loaded MB':>11}"
+        f"{'KV MB':>8}{'load s':>8}  same tokens"
     )
     print(header)
     print("-" * len(header))
@@ -103,11 +105,15 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"{r['runtime']:<19} failed: {r['error']}")
             continue
         kv = f"{r['kv_bytes'] / 2**20:.1f}" if "kv_bytes" in r else "-"
+        loaded = "-" if r.get("load_rss_mb") is None else f"{r['load_rss_mb']:.0f}"
         same = "-" if ours is None or r is ours else str(r.get("tokens") == ours.get("tokens"))
         print(
             f"{r['runtime']:<19}{r['ttft_s']:>9.3f}{r['ms_per_token']:>10.1f}{r['peak_rss_mb']:>13.0f}"
-            f"{kv:>8}{r['load_s']:>8.1f}  {same}"
+            f"{loaded:>11}{kv:>8}{r['load_s']:>8.1f}  {same}"
         )
+    for r in results:
+        if r.get("prefill_ms_by_past"):
+            print(f"{r['runtime']} prefill chunk ms by past (chunks): {_by_past(r)}")
     if base and ours:
         print(
             f"{ours['runtime']} / genai-cpu: TTFT x{ours['ttft_s'] / base['ttft_s']:.2f}, decode "
@@ -122,6 +128,11 @@ def run_bench(args: argparse.Namespace) -> int:
     if failed:
         print(f"npuw-kv bench: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _by_past(result: dict[str, Any]) -> str:
+    """The last timed run's chunks as ``past: ms (n)``, e.g. "0: 201 (1), 2048: 362 (4)"."""
+    return ", ".join(f"{past}: {ms:.0f} ({n})" for past, ms, n in result["prefill_ms_by_past"])
 
 
 def _runtimes(listed: str | None, device: str | None) -> list[str]:

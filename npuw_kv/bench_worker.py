@@ -1,5 +1,7 @@
 """One runtime measured in its own process: load, warm up, time ``repeats`` generations of
-the same prompt ids, and report the minimum TTFT and ms/token with the process's peak RSS.
+the same prompt ids, and report the minimum TTFT and ms/token with the process's resident set
+once loaded and at its peak; on the static-shape path also the prefill chunks' time by the
+past length each ran with.
 
 ``npuw-kv bench`` (:mod:`.bench`) starts one such process per runtime, as
 ``python -m npuw_kv.bench --worker RUNTIME``.
@@ -35,6 +37,28 @@ _NPUW_PYRAMID = {"NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID", "NPUW_LLM_GENERAT
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _rss_mb() -> float | None:
+    """The resident set now (Linux), e.g. once a runtime has loaded: what its compiled models
+    hold before any inference, where each extra static model shape shows."""
+    try:
+        with open("/proc/self/status") as fh:
+            kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kb / 1024.0
+
+
+def chunk_ms_by_past(pasts: list[int], ms: list[float]) -> list[list[float]]:
+    """``[past, mean ms, chunks]`` per past length the prefill chunks ran with, ascending: what
+    a chunk costs as its attention reads more past (the pyramid's case)."""
+    if len(pasts) != len(ms):
+        raise ValueError(f"{len(pasts)} chunk pasts but {len(ms)} chunk times")
+    by_past: dict[int, list[float]] = {}
+    for past, t in zip(pasts, ms, strict=True):
+        by_past.setdefault(past, []).append(t)
+    return [[past, sum(ts) / len(ts), len(ts)] for past, ts in sorted(by_past.items())]
 
 
 def genai_properties(settings: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +152,7 @@ def measure(
             **settings,
         )
         load_s = time.perf_counter() - load_start
+        load_rss = _rss_mb()
         for i in range(repeats + 1):
             r = pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
             if i:
@@ -141,9 +166,14 @@ def measure(
             "reused_tokens": stats["reused_tokens"],  # 0: every timed run was a cold prefill
             "tokens": r.tokens,
         }
+        if "prefill_chunk_ms" in stats:  # the static-shape path: the last run's chunks
+            info["prefill_ms_by_past"] = chunk_ms_by_past(
+                stats["prefill_pasts_used"], stats["prefill_chunk_ms"]
+            )
     else:
         pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, min_response)
         load_s = time.perf_counter() - load_start
+        load_rss = _rss_mb()
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens = new_tokens
         config.ignore_eos = True
@@ -158,6 +188,7 @@ def measure(
         "ttft_s": min(ttfts),
         "ms_per_token": min(tpots),
         "load_s": load_s,
+        "load_rss_mb": load_rss,
         "peak_rss_mb": _peak_rss_mb(),
         **info,
     }

@@ -107,7 +107,35 @@ def test_bench_runs_with_explicit_static_shapes(capsys, tmp_path):
     # 30 layers x K,V x 3 heads x 64 dims x f16, for TOTAL - 1 = 192 + 64 - 1 slots
     assert row["kv_bytes"] == 30 * 2 * 3 * 64 * 2 * (192 + 64 - 1)
     assert row["peak_rss_mb"] > 0 and row["ttft_s"] > 0
+    assert 0 < row["load_rss_mb"] <= row["peak_rss_mb"]
     assert row["reused_tokens"] == 0  # the repeated prompt was run cold, not from the cache
+
+
+def test_bench_static_path_reports_chunk_time_by_past(capsys, tmp_path):
+    """The static-shape path's row comes with what a prefill chunk took at each past length."""
+    out_json = tmp_path / "bench.json"
+    argv = ["bench", "--runtimes", "npuw-kv-npu", "--prompt-len", "100", "--new-tokens", "2"]
+    argv += ["--repeats", "1", "--chunk", "32", "--max-prompt-len", "128"]
+    argv += ["--min-response-len", "16", "-p", "prefill_attention=pyramid", "--json", str(out_json)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (row,) = json.loads(out_json.read_text())
+    # 100 tokens in chunks of 32: 4 chunks, on the pasts 0, 32, 64, 96 of the full ladder
+    runs = [(past, n) for past, _, n in row["prefill_ms_by_past"]]
+    assert runs == [(0, 1), (32, 1), (64, 1), (96, 1)]
+    assert all(ms > 0 for _, ms, _ in row["prefill_ms_by_past"])
+    line = next(x for x in out.splitlines() if x.startswith("npuw-kv-npu prefill chunk ms by past"))
+    assert line.count("(1)") == 4 and ", 96: " in line
+    assert 0 < row["load_rss_mb"] <= row["peak_rss_mb"]
+
+
+def test_chunk_times_are_grouped_by_past():
+    from npuw_kv.bench_worker import chunk_ms_by_past
+
+    grouped = chunk_ms_by_past([64, 0, 64, 112], [30.0, 10.0, 50.0, 70.0])
+    assert grouped == [[0, 10.0, 1], [64, 40.0, 2], [112, 70.0, 1]]
+    with pytest.raises(ValueError, match="3 chunk pasts but 2 chunk times"):
+        chunk_ms_by_past([0, 16, 32], [1.0, 2.0])
 
 
 def test_bench_device_picks_our_runtime_and_conflicts_are_reported(capsys):

@@ -38,6 +38,7 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     stats = pyramid.kv_stats()
     # chunk k starts at slot 16k and runs on the smallest past >= 16k
     assert stats["prefill_pasts_used"] == [0, 16, 32, 64, 64, 112]
+    assert len(stats["prefill_chunk_ms"]) == 6 and min(stats["prefill_chunk_ms"]) > 0
     assert stats["host_bytes_copied"] == 0
     assert tokens == static.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
     assert static.kv_stats()["prefill_pasts_used"] == [112] * 6

@@ -6,6 +6,7 @@ logits, not text (that is :mod:`npuw_kv.pipeline`).
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,7 @@ class StaticRunner(Runner):
             "input_ids" in i.get_names() for i in requests.prefill.get_compiled_model().inputs
         )
         self.prefill_pasts_used: list[int] = []  # per chunk of the last prompt
+        self.prefill_chunk_ms: list[float] = []  # and each chunk's wall time (bench: by past)
         self.generate_past_used = 0  # by the last step
         self.slots = Slots(self.cache.capacity)
         self.switch_copied_bytes = 0
@@ -231,6 +233,7 @@ class StaticRunner(Runner):
             "prefill_variants": [v.past for v in self.prefill_variants],
             "generate_variants": [v.past for v in self.generate_variants],
             "prefill_pasts_used": list(self.prefill_pasts_used),
+            "prefill_chunk_ms": list(self.prefill_chunk_ms),
             "generate_past_used": self.generate_past_used,
             # V stored [1, H, S, D] ("HSD") or transposed ("HDS"), by the generate models
             # (the buffer) and by the prefill models; they differ only when the V rewrite
@@ -290,6 +293,7 @@ class StaticRunner(Runner):
             bound.binding.reset()
         logits = np.empty((1, 0), np.float32)
         self.prefill_pasts_used = []
+        self.prefill_chunk_ms = []
         for k in range(plan.num_chunks):
             variant = _pick(self.prefill_variants, plan.chunk_slots(k)[0])
             binding = variant.binding
@@ -297,7 +301,9 @@ class StaticRunner(Runner):
             self.prefill_pasts_used.append(past)
             inputs = prefill_inputs(ids, plan, k, past)
             binding.before(inputs.write_slots, inputs.write_slots[0])
+            started = time.perf_counter()
             logits = self._infer(variant, inputs)
+            self.prefill_chunk_ms.append((time.perf_counter() - started) * 1e3)
             if on_chunk is not None:
                 positions = inputs.position_ids[0, -logits.shape[0] :]
                 rows = np.arange(*inputs.write_slots)[-logits.shape[0] :] - plan.pad
