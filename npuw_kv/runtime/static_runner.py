@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,9 @@ from ..model.layout import KVLayout
 from ..model.ring import mask_input
 from ..model.split import EMBEDS_INPUT
 from ..model.variants import StaticShapes
-from .binding import BoundPort, KVBinding
+from .binding import BoundPort
 from .compile import Requests, Variant
+from .ladder import BoundModel, bind_ladder, pick
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
 from .prompt_reuse import choose_plan
@@ -30,23 +30,9 @@ from .rings import window_mask
 from .runner import ChunkHook, Runner
 
 
-@dataclass(frozen=True)
-class _Bound:
-    """One static model (a variant by past length) with its binding to the shared cache."""
-
-    past: int
-    request: ov.InferRequest
-    binding: KVBinding
-
-
 def _v_layout(layout: KVLayout) -> str:
     value = next(p for p in layout.ports if p.kind == "value")
     return layout_name(value.seq_axis)
-
-
-def _pick(variants: list[_Bound], slot: int) -> _Bound:
-    """The variant with the smallest past that holds every slot before ``slot``."""
-    return next(v for v in variants if v.past >= slot)
 
 
 class StaticRunner(Runner):
@@ -129,42 +115,32 @@ class StaticRunner(Runner):
         self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision)
         requests = self.requests
 
-        def bound(variants: list[Variant], layout: KVLayout, new: int, grow: bool) -> list[_Bound]:
-            ports = [
+        def ports(layout: KVLayout) -> list[BoundPort]:
+            return [
                 BoundPort(p.input_name, p.output_index, p.seq_axis, self._ring(p.layer))
                 for p in layout.ports
             ]
-            return [
-                _Bound(
-                    v.past,
-                    v.request,
-                    KVBinding(
-                        v.request,
-                        ports,
-                        self.cache,
-                        v.past,
-                        new,
-                        mode,
-                        self.copied,
-                        self._sliced,
-                        grow,
-                    ),
-                )
-                for v in variants
-            ]
 
         # every variant reads a view [0, past) of the same buffers: switching copies nothing
-        self.prefill_variants = bound(
+        self.prefill_variants = bind_ladder(
             [*requests.prefill_ladder, Variant(self.prefill_past, requests.prefill)],
-            self.prefill_layout,
+            ports(self.prefill_layout),
+            self.cache,
             shapes.chunk,
-            True,
+            mode,
+            self.copied,
+            self._sliced,
+            grow=True,
         )
-        self.generate_variants = bound(
+        self.generate_variants = bind_ladder(
             [*requests.generate_ladder, Variant(shapes.generate_past, requests.generate)],
-            self.layout,
+            ports(self.layout),
+            self.cache,
             1,
-            False,
+            mode,
+            self.copied,
+            self._sliced,
+            grow=False,
         )
         self.prefill_binding = self.prefill_variants[-1].binding
         self.generate_binding = self.generate_variants[-1].binding
@@ -200,7 +176,7 @@ class StaticRunner(Runner):
     def host_bytes_copied(self) -> int:
         return self.copied.bytes
 
-    def _infer(self, variant: _Bound, inputs: StepInputs) -> np.ndarray:
+    def _infer(self, variant: BoundModel, inputs: StepInputs) -> np.ndarray:
         request, requests = variant.request, self.requests
         ids = ov.Tensor(inputs.input_ids)
         if requests.embed is not None:  # the embedding runs on its own (model/split.py)
@@ -295,7 +271,7 @@ class StaticRunner(Runner):
         self.prefill_pasts_used = []
         self.prefill_chunk_ms = []
         for k in range(plan.num_chunks):
-            variant = _pick(self.prefill_variants, plan.chunk_slots(k)[0])
+            variant = pick(self.prefill_variants, plan.chunk_slots(k)[0])
             binding = variant.binding
             past = chunk_past_len(plan, k, binding.grow, binding.past_len)
             self.prefill_pasts_used.append(past)
@@ -322,7 +298,7 @@ class StaticRunner(Runner):
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.shapes.total_len)
         kept = self.slots.keeps_next
-        variant = _pick(self.generate_variants, self.slots.next)
+        variant = pick(self.generate_variants, self.slots.next)
         self.generate_past_used = variant.past
         inputs = self.slots.step_inputs(int(token), variant.past)
         before = self.copied.bytes
