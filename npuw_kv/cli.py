@@ -6,10 +6,10 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from . import cli_io
 from .cli_args import model_args, pipeline_kwargs, text_args, zero_points_arg
+from .cli_chat import chat_session
 
 
 def _load(args: argparse.Namespace):
@@ -37,60 +37,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    pipe = _load(args)
-    pipe.start_chat(args.system or "")
-    cli_io.tolerate_stdin_bytes()
-    banner = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops an answer"
-    print(f"npuw-kv chat — {banner}", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ").strip()
-        except EOFError:
-            print()
-            return 0
-        except KeyboardInterrupt:  # Ctrl-C at the prompt quits: end its line, main says why
-            print()
-            raise
-        if line in ("/exit", "/quit"):
-            return 0
-        if line == "/reset":
-            pipe.start_chat(args.system or "")
-        elif line:
-            _chat_turn(pipe, line, args)
-
-
-def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:
-    """Answer one message.  A failure, or Ctrl-C, costs only this turn: the session and its
-    history go on."""
-    bad = cli_io.undecodable(line)
-    if bad is not None:  # the tokenizer would refuse it
-        cli_io.error(f"the message is not UTF-8 text, skipped: {bad}")
-        return
-    turn = cli_io.ChatTurn(cli_io.stdout)
-    try:
-        with turn.sigint_cancels():
-            dropped = pipe.fit_chat_history(line)
-            if dropped:
-                note = f"{dropped} oldest exchange(s) dropped to fit MAX_PROMPT_LEN"
-                print(f"[{note}]", file=sys.stderr)
-            result = pipe.generate(
-                line,
-                max_new_tokens=args.max_new_tokens,
-                streamer=turn.stream,
-                repetition_penalty=args.repetition_penalty,
-            )
-        cancelled = result.finish_reason == "cancelled"
-    except KeyboardInterrupt:
-        cancelled = True
-    except BrokenPipeError:  # stdout is gone: so is the session
-        raise
-    except Exception as exc:  # e.g. this message alone is longer than MAX_PROMPT_LEN
-        cli_io.stdout.end_line()
-        cli_io.error(cli_io.one_line(exc))
-        return
-    cli_io.stdout.write("\n")
-    if cancelled:
-        print("[answer cancelled]", file=sys.stderr)
+    return chat_session(_load(args), args)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
