@@ -39,7 +39,8 @@ def bind_ladder(
     grow: bool,
 ) -> list[BoundModel]:
     """Bind each variant's past inputs and present outputs to ``cache`` (``mode``: roi,
-    contiguous or copy); ``grow``: the prefill's, whose past grows chunk by chunk."""
+    contiguous or copy).  ``grow``: the prefill's ladder, whose chunks on a sliced-past model
+    read exactly the slots before them (:class:`~npuw_kv.runtime.binding.KVBinding`)."""
     return [
         BoundModel(
             v.past,
