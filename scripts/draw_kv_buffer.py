@@ -6,23 +6,19 @@ buffer ``[1, H, L-1, D]`` per layer for K and one for V, L = MAX_PROMPT_LEN + MI
 Each prefill chunk reads the slots before it (its past view) and writes its C new rows straight
 into the next C slots (its present view); every generate step reads the whole buffer and writes
 one slot.  All of them are views of the same memory, so nothing is copied when prefill ends.
-The figure shows this along the slot axis for a small example (C = 4, MAX_PROMPT_LEN = 12,
-MIN_RESPONSE_LEN = 5, a 10-token prompt, so 2 pad slots in front of the first chunk).
+Three figures show this along the slot axis for small examples (``kv_buffer_scenarios.py``
+computes them with the runtime's own rules): ``static`` (docs/kv_buffer.svg), the prefill
+models by past length of the NPU path's ``pyramid`` (docs/kv_buffer_pyramid.svg) and a
+sliding-window layer's ``ring`` (docs/kv_buffer_ring.svg).
 
-    python scripts/draw_kv_buffer.py                      # writes docs/kv_buffer.svg
-    python scripts/draw_kv_buffer.py --png /tmp/kv.png    # and a PNG to look at
-
-A figure is a *scenario*: a function returning the buffer's final contents and a list of rows
-(one per model call) and separators.  Only ``static`` exists today; further ones (per-layer
-lengths of a pyramid variant, the ring of a windowed layer) go into ``SCENARIOS`` and reuse
-:func:`draw`.
+    python scripts/draw_kv_buffer.py                          # writes all three into docs/
+    python scripts/draw_kv_buffer.py --scenario ring --out /tmp/ring.svg --png /tmp/ring.png
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +28,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-# -- what a figure is made of ----------------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kv_buffer_scenarios import SCENARIOS, Scenario, Separator, Span, check  # noqa: E402
 
-# Cell kinds of the buffer row and of the spans of a call row.  ``chunk0``, ``chunk1``, ... are
-# the rows one prefill chunk wrote (the same colour in the buffer and in that chunk's present
-# span), ``gen`` the rows generate steps wrote.
-CHUNK_COLOURS = ("#f4a261", "#e76f51", "#d4a373", "#bc6c25")
+# -- how each kind of cell looks -------------------------------------------------------------
+
+# ``chunk0``, ``chunk1``, ...: the rows one prefill chunk wrote, the same colour in the buffer
+# and in that chunk's present span; the other kinds are named in kv_buffer_scenarios.py.
+CHUNK_COLOURS = ("#f4a261", "#e76f51", "#d4a373", "#bc6c25", "#e9c46a", "#a8763e")
 STYLE: dict[str, dict[str, Any]] = {
     "empty": {"facecolor": "white", "edgecolor": "#999999"},
     "pad": {"facecolor": "#dddddd", "edgecolor": "#999999", "hatch": "////"},
@@ -55,122 +53,6 @@ def style(kind: str) -> dict[str, Any]:
     return STYLE[kind]
 
 
-@dataclass(frozen=True)
-class Span:
-    """Slots ``[start, stop)`` drawn as one kind; ``text`` is written inside when it fits."""
-
-    start: int
-    stop: int
-    kind: str
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class Row:
-    """One model call: what it reads (past spans) and writes (present spans)."""
-
-    title: str
-    note: str  # right of the row: the views in slot numbers
-    past: list[Span] = field(default_factory=list)
-    present: list[Span] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Separator:
-    text: str
-
-
-@dataclass(frozen=True)
-class Scenario:
-    title: str
-    slots: int  # the buffer's length along the slot axis
-    buffer: list[Span]  # its contents at the end, for the top row
-    rows: list[Row | Separator]
-    footnotes: list[str]
-    scratch: bool = False  # draw the scratch slot after the buffer
-
-
-# -- scenarios -------------------------------------------------------------------------------
-
-
-def static_chunk_loop(
-    chunk: int = 4, max_prompt: int = 12, min_response: int = 5, prompt: int = 10, steps: int = 2
-) -> Scenario:
-    """The static-shape path: front-padded prefill chunks, then generate steps (plan.py)."""
-    total = max_prompt + min_response  # L
-    slots = total - 1  # the buffer: the L-th token's KV is never read, it goes to scratch
-    padded = -(-prompt // chunk) * chunk  # P
-    pad = padded - prompt
-    chunks = padded // chunk
-    buffer: list[Span] = []
-    rows: list[Row | Separator] = []
-    for k in range(chunks):
-        start, stop = k * chunk, (k + 1) * chunk
-        present = []
-        if k == 0 and pad:
-            present.append(Span(0, pad, "pad", "pad"))
-        first = pad if k == 0 else start
-        present.append(Span(first, stop, f"chunk{k}", f"t{first - pad}–t{stop - pad - 1}"))
-        buffer.extend(present)
-        past = []
-        if k and pad:
-            past.append(Span(0, pad, "masked"))
-        if start > pad or (k and not pad):
-            past.append(Span(pad if k else 0, start, "past", "past"))
-        rows.append(
-            Row(
-                f"prefill chunk {k}",
-                f"past [0, {start})\npresent [{start}, {stop})",
-                past,
-                present,
-            )
-        )
-    rows.append(Separator("prefill → generate: the same buffer, 0 bytes copied"))
-    for t in range(steps):
-        slot = padded + t
-        past = [
-            Span(0, pad, "masked"),
-            Span(pad, slot, "past", "past (live slots)"),
-            Span(slot + 1, slots, "masked", "unwritten"),
-        ]
-        rows.append(
-            Row(
-                f"generate step {t}",
-                f"past [0, L−1)\npresent [{slot}, {slot + 1})",
-                [s for s in past if s.stop > s.start],
-                [Span(slot, slot + 1, "gen", f"g{t}")],
-            )
-        )
-        buffer.append(Span(slot, slot + 1, "gen", f"g{t}"))
-    buffer.append(Span(padded + steps, slots, "empty", "free"))
-    return Scenario(
-        title=(
-            "One layer's K buffer [1, H, L−1, D] (V alike) along its slot axis, "
-            "L = MAX_PROMPT_LEN + MIN_RESPONSE_LEN\n"
-            f"C = {chunk}, MAX_PROMPT_LEN = {max_prompt}, MIN_RESPONSE_LEN = {min_response}, "
-            f"so L = {total} and {slots} slots; a {prompt}-token prompt, then {steps} generate "
-            "steps"
-        ),
-        slots=slots,
-        buffer=buffer,
-        rows=rows,
-        footnotes=[
-            f"The prompt is padded at the front to a multiple of C ({pad} pad slots, masked for "
-            "good), so its last token is the last row of the last chunk.",
-            "Each call writes its present rows through an ROI view (ov.Tensor) of this buffer and "
-            "reads its past in place (CPU: the whole buffer, sliced in the graph by the mask).",
-            "NPU (two static models): the prefill's past view is fixed at [0, MAX_PROMPT_LEN − C)"
-            " and the mask hides the slots not written yet.",
-            "The L-th token's KV is never read: the last generate step writes it to scratch.",
-        ],
-        scratch=True,
-    )
-
-
-# More scenarios (a pyramid variant's per-layer lengths, a windowed layer's ring) go here.
-SCENARIOS: dict[str, Callable[[], Scenario]] = {"static": static_chunk_loop}
-
-
 # -- drawing ---------------------------------------------------------------------------------
 
 UNIT_IN = 0.42  # one slot, in inches (the figure scales with the buffer's length)
@@ -178,6 +60,7 @@ ROW_H = 0.62  # height of a call row's bar; a row is 1.0 high
 LEFT = 3.6  # slot units left of slot 0, for the row titles
 NOTES = 5.8  # slot units right of the buffer (after the scratch slot), for the row notes
 CHAR_W = 0.16  # width of one 8.5-point character, in slot units
+MIN_WIDTH = 27.0  # slot units: room for the title and footnotes beside a short buffer
 FONT = {"bar": 8.5, "title": 10, "note": 8.5, "foot": 9, "head": 11}
 HATCHED = ("pad", "masked")
 
@@ -213,7 +96,7 @@ def _bar(ax: plt.Axes, span: Span, y: float, height: float = ROW_H, z: int = 2) 
 def draw(scenario: Scenario) -> plt.Figure:
     n = scenario.slots
     right = n + (1.7 if scenario.scratch else 0.3)  # where the notes start
-    x0, x1 = -LEFT, right + NOTES
+    x0, x1 = -LEFT, max(right + NOTES, MIN_WIDTH - LEFT)
     legend_rows, foot_h = 2, 0.5
     y_top, y_bottom = (
         1.15,
@@ -242,7 +125,7 @@ def draw(scenario: Scenario) -> plt.Figure:
         _bar(ax, Span(s.start, s.stop, s.kind, s.text), 0, 0.8, z=3)
     for slot in range(n):
         ax.text(slot + 0.5, 0.5, str(slot), ha="center", va="bottom", fontsize=7.5, color="#555555")
-    ax.text(-0.25, 0.7, "slot", ha="right", va="center", fontsize=8, color="#555555")
+    ax.text(-0.25, 0.7, scenario.slot_label, ha="right", va="center", fontsize=8, color="#555555")
     if scenario.scratch:
         ax.add_patch(Rectangle((n + 0.4, -0.4), 0.9, 0.8, linewidth=1.0, **style("scratch")))
         ax.text(n + 0.85, 0.5, "scratch", ha="center", va="bottom", fontsize=7.5, color="#555555")
@@ -352,20 +235,29 @@ def draw(scenario: Scenario) -> plt.Figure:
 
 
 def main() -> None:
-    root = Path(__file__).resolve().parent.parent
+    docs = Path(__file__).resolve().parent.parent / "docs"
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="static")
-    parser.add_argument("--out", type=Path, default=root / "docs" / "kv_buffer.svg")
-    parser.add_argument("--png", type=Path, default=None, help="also write a PNG here")
+    parser.add_argument(
+        "--scenario", choices=sorted(SCENARIOS), default=None, help="one figure (default: all)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="where --scenario's SVG goes")
+    parser.add_argument("--png", type=Path, default=None, help="also write a PNG of --scenario")
     args = parser.parse_args()
+    if args.scenario is None and (args.out or args.png):
+        parser.error("--out and --png name one figure: give --scenario too")
     plt.rcParams["svg.hashsalt"] = "npuw-kv"  # stable ids: the SVG only changes with the figure
-    fig = draw(SCENARIOS[args.scenario]())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, format="svg", metadata={"Date": None})
-    print(f"wrote {args.out}")
-    if args.png is not None:
-        fig.savefig(args.png, dpi=110)
-        print(f"wrote {args.png}")
+    for name in [args.scenario] if args.scenario else list(SCENARIOS):
+        scenario = SCENARIOS[name]()
+        check(scenario)
+        fig = draw(scenario)
+        out = args.out or docs / ("kv_buffer.svg" if name == "static" else f"kv_buffer_{name}.svg")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="svg", metadata={"Date": None})
+        print(f"wrote {out}")
+        if args.png is not None:
+            fig.savefig(args.png, dpi=110)
+            print(f"wrote {args.png}")
+        plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 # scripts this file runs; a new script must be added here (test_every_script_is_smoked)
@@ -22,6 +24,7 @@ SMOKED = {
     "demo_documents.py",
     "draw_kv_buffer.py",
     "fuzz_blocks.py",
+    "kv_buffer_scenarios.py",
     "memory_stages.py",
     "soak.py",
 }
@@ -55,9 +58,42 @@ def test_fuzz_blocks() -> None:
 
 
 def test_draw_kv_buffer(tmp_path: Path) -> None:
-    svg = tmp_path / "kv.svg"
-    script("draw_kv_buffer.py", "--out", str(svg))
-    assert "<svg" in svg.read_text()[:500]
+    for name in ("static", "pyramid", "ring"):
+        svg = tmp_path / f"{name}.svg"
+        script("draw_kv_buffer.py", "--scenario", name, "--out", str(svg))
+        assert "<svg" in svg.read_text()[:500]
+
+
+def test_kv_buffer_scenarios_follow_the_runtime() -> None:
+    """The figures' views are the runtime's: each pyramid chunk on the model ``pick`` chooses,
+    each ring write where ``ring_segments`` puts it; and the check refuses a span outside."""
+    out = script("kv_buffer_scenarios.py")
+    assert re.findall(r"^(\w+): .* checked$", out, re.M) == ["static", "pyramid", "ring"], out
+    sys.path.insert(0, str(SCRIPTS))
+    import kv_buffer_scenarios as kb
+
+    from npuw_kv.model.variants import StaticShapes
+    from npuw_kv.runtime.rings import ring_segments
+
+    pyramid = kb.pyramid_prefill()
+    chunks = [r for r in pyramid.rows if isinstance(r, kb.Row) and r.title.startswith("prefill")]
+    pasts = StaticShapes(4, 24, 28, pyramid=True).prefill_pasts
+    assert [int(r.note.split()[2].rstrip(":")) for r in chunks] == [
+        next(p for p in pasts if p >= 4 * k) for k in range(len(chunks))
+    ]
+    ring = kb.ring_window()
+    writes = [r for r in ring.rows if isinstance(r, kb.Row)]
+    assert len(writes) == 6 and ring.slots == 8
+    for row in writes:
+        start, stop = map(int, re.findall(r"\d+", row.note)[:2])
+        (first, last, _), *_ = ring_segments(start, stop, ring.slots)
+        assert (min(s.start for s in row.present), max(s.stop for s in row.present)) == (
+            first,
+            last,
+        )
+    bad = kb.Scenario("bad", 4, [kb.Span(2, 5, "past")], [], [])
+    with pytest.raises(ValueError, match="outside the buffer"):
+        kb.check(bad)
 
 
 def test_memory_stages() -> None:
