@@ -108,12 +108,15 @@ def _generate_rows(padded: int, pad: int, slots: int, steps: int) -> tuple[list[
     return rows, written
 
 
-def static_chunk_loop(
-    chunk: int = 4, max_prompt: int = 12, min_response: int = 5, prompt: int = 10, steps: int = 2
-) -> Scenario:
-    """The static-shape path: front-padded prefill chunks, then generate steps (plan.py)."""
-    total = max_prompt + min_response  # L
-    slots = total - 1  # the buffer: the L-th token's KV is never read, it goes to scratch
+def _chunk_loop(
+    chunk: int,
+    prompt: int,
+    slots: int,
+    steps: int,
+    view: Callable[[int, int], tuple[str, list[Span]]],
+) -> tuple[list[Span], list[Row | Separator]]:
+    """The front-padded chunks, then generate steps: the buffer's final contents and the rows.
+    ``view(start, stop)``: a chunk's note and past spans."""
     padded, pad = _front_padded(prompt, chunk)
     buffer: list[Span] = []
     rows: list[Row | Separator] = []
@@ -121,12 +124,32 @@ def static_chunk_loop(
         start, stop = k * chunk, (k + 1) * chunk
         present = _chunk_present(k, chunk, pad)
         buffer.extend(present)
-        note = f"past [0, {start})\npresent [{start}, {stop})"
-        rows.append(Row(f"prefill chunk {k}", note, _written_past(start, pad), present))
+        note, past = view(start, stop)
+        rows.append(Row(f"prefill chunk {k}", note, past, present))
     rows.append(Separator("prefill → generate: the same buffer, 0 bytes copied"))
     generate, written = _generate_rows(padded, pad, slots, steps)
     rows += generate
     buffer += [*written, Span(padded + steps, slots, "empty", "free")]
+    return buffer, rows
+
+
+def static_chunk_loop(
+    chunk: int = 4, max_prompt: int = 12, min_response: int = 5, prompt: int = 10, steps: int = 2
+) -> Scenario:
+    """The static-shape path: front-padded prefill chunks, then generate steps (plan.py)."""
+    total = max_prompt + min_response  # L
+    slots = total - 1  # the buffer: the L-th token's KV is never read, it goes to scratch
+    _, pad = _front_padded(prompt, chunk)
+    buffer, rows = _chunk_loop(
+        chunk,
+        prompt,
+        slots,
+        steps,
+        lambda start, stop: (
+            f"past [0, {start})\npresent [{start}, {stop})",
+            _written_past(start, pad),
+        ),
+    )
     return Scenario(
         title=(
             "One layer's K buffer [1, H, L−1, D] (V alike) along its slot axis, "
@@ -160,22 +183,15 @@ def pyramid_prefill(
     lean = StaticShapes(chunk, max_prompt, total, pyramid=True, lean_pyramid=True)
     pasts, slots = shapes.prefill_pasts, shapes.generate_past
     padded, pad = _front_padded(prompt, chunk)
-    buffer: list[Span] = []
-    rows: list[Row | Separator] = []
-    for k in range(padded // chunk):
-        start, stop = k * chunk, (k + 1) * chunk
+
+    def view(start: int, stop: int) -> tuple[str, list[Span]]:
         past = next(p for p in pasts if p >= start)  # as runtime/ladder.py picks
-        present = _chunk_present(k, chunk, pad)
-        buffer.extend(present)
-        view = _written_past(start, pad)
+        spans = _written_past(start, pad)
         if past > start:
-            view.append(Span(start, past, "masked", "not written"))
-        note = f"model past {past}: [0, {past})\npresent [{start}, {stop})"
-        rows.append(Row(f"prefill chunk {k}", note, view, present))
-    rows.append(Separator("prefill → generate: the same buffer, 0 bytes copied"))
-    generate, written = _generate_rows(padded, pad, slots, steps)
-    rows += generate
-    buffer += [*written, Span(padded + steps, slots, "empty", "free")]
+            spans.append(Span(start, past, "masked", "not written"))
+        return f"model past {past}: [0, {past})\npresent [{start}, {stop})", spans
+
+    buffer, rows = _chunk_loop(chunk, prompt, slots, steps, view)
     return Scenario(
         title=(
             "The pyramid: prefill models by past length, each reading a view of the same buffer\n"
