@@ -39,12 +39,13 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _rss_mb() -> float | None:
-    """The resident set now (Linux), e.g. once a runtime has loaded: what its compiled models
-    hold before any inference, where each extra static model shape shows."""
+def status_mb(field: str = "VmRSS") -> float | None:
+    """A memory field of /proc/self/status in MB (Linux; None elsewhere), e.g. the resident set
+    once a runtime has loaded: what its compiled models hold before any inference, where each
+    extra static model shape shows."""
     try:
         with open("/proc/self/status") as fh:
-            kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+            kb = next(int(line.split()[1]) for line in fh if line.startswith(field + ":"))
     except (OSError, StopIteration, ValueError):
         return None
     return kb / 1024.0
@@ -152,7 +153,7 @@ def measure(
             **settings,
         )
         load_s = time.perf_counter() - load_start
-        load_rss = _rss_mb()
+        load_rss = status_mb()
         for i in range(repeats + 1):
             r = pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
             if i:
@@ -173,7 +174,7 @@ def measure(
     else:
         pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, min_response)
         load_s = time.perf_counter() - load_start
-        load_rss = _rss_mb()
+        load_rss = status_mb()
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens = new_tokens
         config.ignore_eos = True

@@ -11,15 +11,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from .bench_worker import status_mb
+
 # (heads, head_dim) of the attention ops ``--snippet-kernels`` compiles: SmolLM2's 9 x 64 and
 # its neighbours
 SNIPPET_SHAPES = ((3, 64), (9, 64), (32, 64), (9, 128))
 
 
 def _anon_mb() -> float:
-    with open("/proc/self/status") as status:
-        line = next(x for x in status if x.startswith("RssAnon"))
-    return int(line.split()[1]) / 1024
+    anon = status_mb("RssAnon")
+    if anon is None:
+        raise RuntimeError("the snippet probe reads RssAnon from /proc/self/status (Linux)")
+    return anon
 
 
 def snippet_probe(ops_count: int, heads: int, head_dim: int) -> float:
