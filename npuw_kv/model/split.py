@@ -36,7 +36,7 @@ class SplitModel:
     hidden_size: int
 
 
-def _parameter_free(output: ov.Output, memo: dict[str, bool]) -> bool:
+def parameter_free(output: ov.Output, memo: dict[str, bool]) -> bool:
     """Whether ``output`` is computed from constants alone (a weight, decompressed or not)."""
     node = output.get_node()
     key = node.get_name()
@@ -44,7 +44,7 @@ def _parameter_free(output: ov.Output, memo: dict[str, bool]) -> bool:
         if node.get_type_name() == "Parameter":
             memo[key] = False
         else:
-            memo[key] = all(_parameter_free(i.get_source_output(), memo) for i in node.inputs())
+            memo[key] = all(parameter_free(i.get_source_output(), memo) for i in node.inputs())
     return memo[key]
 
 
@@ -92,7 +92,7 @@ def _head_matmul(model: ov.Model, layout: KVLayout) -> ov.Node:
         raise ModelLayoutError(
             f"the logits come from {node.get_type_name()}, not the LM head's MatMul"
         )
-    weight = [_parameter_free(node.input_value(i), memo) for i in range(2)]
+    weight = [parameter_free(node.input_value(i), memo) for i in range(2)]
     if weight != [False, True]:
         raise ModelLayoutError("the LM head's MatMul does not multiply the hidden by a weight")
     return node
