@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 # scripts this file runs; a new script must be added here (test_every_script_is_smoked)
 SMOKED = {
+    "attention_split_probe.py",
     "bench_blocks.py",
     "bench_host_tier.py",
     "bench_prefix_reuse.py",
@@ -167,3 +168,14 @@ def test_accuracy_default_parts(tmp_path: Path) -> None:
     )
     assert re.search(rf"^CPU/{mode}/C256/64 +\d/4 .* report +yes *$", out, re.MULTILINE), out
     assert f"NPU/{mode}/C256/64" in out and "n/a: one part of the CPU's defaults" in out
+
+
+def test_attention_split_probe_gives_the_static_paths_logits() -> None:
+    out = script(
+        "attention_split_probe.py",
+        *("--prompt-len", "300", "--max-prompt-len", "512", "--chunk", "128", "--repeats", "1"),
+        *("--check", "-p", "INFERENCE_PRECISION_HINT=f32", "-p", "KV_CACHE_PRECISION=f32"),
+    )
+    assert re.search(r"TTFT [\d.]+ s; chunk ms: \d+ \d+ \d+\n", out), out
+    dlogit = float(re.search(r"max \|dlogit\| (\S+),", out).group(1))
+    assert dlogit < 1e-3, out
