@@ -53,7 +53,8 @@ class Chain:
             # NPUW's f16 tensors between its sub-graphs refuse the f32 tensors bound between
             # segments; one sub-graph per segment keeps its per-call overhead low
             props = {"NPUW_F16IC": "NO", "NPUW_ONLINE_PIPELINE": "NONE", **props}
-        self.split, self.chunk, self.pad_value = split, config.prefill_chunk_size, 0.0
+        self.split, self.chunk = split, config.prefill_chunk_size
+        self.seconds: dict[str, float] = {}
 
         def compile_(m: ov.Model) -> ov.InferRequest:
             return core.compile_model(m, device, props).create_infer_request()
@@ -124,10 +125,16 @@ class Chain:
         tiled = np.tile(mask, (self.split.query_shape[2] // c, 1))[None, None]
         return ov.Tensor(np.ascontiguousarray(tiled))
 
+    def _timed(self, kind: str, request: ov.InferRequest) -> None:
+        started = time.perf_counter()
+        request.infer()
+        self.seconds[kind] += time.perf_counter() - started
+
     def prefill(self, ids: np.ndarray) -> tuple[np.ndarray, list[float]]:
         """The last prompt token's logits and each chunk's milliseconds."""
         plan = PromptPlan(int(ids.size), self.chunk)
         split, times = self.split, []
+        self.seconds = {"segments": 0.0, "attention": 0.0}
         for k in range(plan.num_chunks):
             started = time.perf_counter()
             start = plan.chunk_slots(k)[0]
@@ -148,7 +155,7 @@ class Chain:
                 for j, src in enumerate(sources):
                     request.set_input_tensor(j, self._tensor(src, inputs))
                 if layer == split.layers:
-                    request.infer()
+                    self._timed("segments", request)
                     break
                 if layer:
                     for j, weight in enumerate(split.middle.weights[layer], len(sources)):
@@ -158,10 +165,10 @@ class Chain:
                     request.set_output_tensor(j, view)
                 for j in range(3, len(request.get_compiled_model().outputs)):
                     request.set_output_tensor(j, self._tensor(("segment", layer, j), inputs))
-                request.infer()
+                self._timed("segments", request)
                 for j, view in enumerate(self.reads[start][layer], 1):
                     attention.set_input_tensor(j, view)
-                attention.infer()
+                self._timed("attention", attention)
             times.append((time.perf_counter() - started) * 1e3)
         self.head.set_input_tensor(self.last.get_output_tensor(0))
         self.head.infer()
@@ -194,8 +201,11 @@ def main() -> None:
     for _ in range(args.repeats):
         started = time.perf_counter()
         logits, times = chain.prefill(ids)
+        ttft = time.perf_counter() - started
+        spent = chain.seconds
         print(
-            f"TTFT {time.perf_counter() - started:.2f} s; chunk ms: "
+            f"TTFT {ttft:.2f} s (segments {spent['segments']:.2f}, attention "
+            f"{spent['attention']:.2f}, the rest {ttft - sum(spent.values()):.2f}); chunk ms: "
             + " ".join(f"{t:.0f}" for t in times),
             flush=True,
         )

@@ -176,6 +176,7 @@ def test_attention_split_probe_gives_the_static_paths_logits() -> None:
         *("--prompt-len", "300", "--max-prompt-len", "512", "--chunk", "128", "--repeats", "1"),
         *("--check", "-p", "INFERENCE_PRECISION_HINT=f32", "-p", "KV_CACHE_PRECISION=f32"),
     )
-    assert re.search(r"TTFT [\d.]+ s; chunk ms: \d+ \d+ \d+\n", out), out
+    seconds = r"TTFT [\d.]+ s \(segments [\d.]+, attention [\d.]+, the rest [\d.]+\)"
+    assert re.search(seconds + r"; chunk ms: \d+ \d+ \d+\n", out), out
     dlogit = float(re.search(r"max \|dlogit\| (\S+),", out).group(1))
     assert dlogit < 1e-3, out
