@@ -170,13 +170,16 @@ def test_accuracy_default_parts(tmp_path: Path) -> None:
     assert f"NPU/{mode}/C256/64" in out and "n/a: one part of the CPU's defaults" in out
 
 
-def test_attention_split_probe_gives_the_static_paths_logits() -> None:
+def test_attention_split_probe_gives_the_static_paths_logits_and_tokens() -> None:
     out = script(
         "attention_split_probe.py",
         *("--prompt-len", "300", "--max-prompt-len", "512", "--chunk", "128", "--repeats", "1"),
+        *("--new-tokens", "8"),
         *("--check", "-p", "INFERENCE_PRECISION_HINT=f32", "-p", "KV_CACHE_PRECISION=f32"),
     )
     seconds = r"TTFT [\d.]+ s \(segments [\d.]+, attention [\d.]+, the rest [\d.]+\)"
     assert re.search(seconds + r"; chunk ms: \d+ \d+ \d+\n", out), out
     dlogit = float(re.search(r"max \|dlogit\| (\S+),", out).group(1))
     assert dlogit < 1e-3, out
+    assert re.search(r"decode: [\d.]+ ms/token over 8 tokens", out), out
+    assert "greedy tokens agree 9/9" in out, out  # the generate chain's steps too
