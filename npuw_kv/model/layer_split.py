@@ -13,8 +13,9 @@ The segments write each layer's new K/V rows (in the cache precision) and attent
 buffer ``[0, past + C)``, which then holds both the past and the chunk's own rows.
 
 Not wired into the pipeline: on NPUW over the CPU plugin the chain only ties NPUW's own pyramid
-mode at 4k, its 61 calls per chunk costing about what the exact pasts save, and holds more
-memory than whole-model variants (docs/measurements.md, "Attention cut out of the layers").
+mode at 4k, its 61 calls per chunk costing about what the exact pasts save; as a generate chain
+it decodes slower, and it holds more memory than whole-model variants (docs/measurements.md,
+"Attention cut out of the layers").
 ``scripts/attention_split_probe.py`` runs and measures it.
 """
 
