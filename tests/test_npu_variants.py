@@ -28,10 +28,11 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=16, **NPU)
     pyramid = LLMPipeline(tiny_dir, "NPU", prefill_attention="pyramid", **settings)
     static = LLMPipeline(tiny_dir, "NPU", prefill_attention="static", **settings)
-    lean = LLMPipeline(tiny_dir, "NPU", **settings)  # auto: one more model, at half the past
+    # auto, with no generate variant at this length: two more models, at 1/3 and 2/3 of the past
+    lean = LLMPipeline(tiny_dir, "NPU", **settings)
     assert pyramid.kv_stats()["prefill_variants"] == [0, 16, 32, 64, 112]
     assert static.kv_stats()["prefill_variants"] == [112]
-    assert lean.kv_stats()["prefill_variants"] == [64, 112]
+    assert lean.kv_stats()["prefill_variants"] == [32, 80, 112]
 
     ids = _ids(90)  # 6 chunks, the first starting at slot 0 (6 pad slots)
     tokens = pyramid.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
@@ -44,7 +45,7 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     assert static.kv_stats()["prefill_pasts_used"] == [112] * 6
     assert tokens == tiny_reference(ids, 12)
     assert lean.generate(ids, max_new_tokens=12, ignore_eos=True).tokens == tokens
-    assert lean.kv_stats()["prefill_pasts_used"] == [64] * 5 + [112]
+    assert lean.kv_stats()["prefill_pasts_used"] == [32] * 3 + [80] * 3
 
     # a continuation: its one chunk ends at slot 113, starting off the grid at 97
     longer = np.concatenate([ids, tokens, _ids(5, seed=2)])
@@ -52,6 +53,23 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     used = pyramid.kv_stats()["prefill_pasts_used"]
     assert pyramid.kv_stats()["reused_tokens"] > 0
     assert used == [112] and again.tokens == tiny_reference(longer, 6)
+
+
+def test_auto_ladders_hold_two_models_more_than_one_per_phase():
+    """``auto``: where a generate variant is kept (from ~2k prompts), one prefill model more,
+    at half the past; where none is (1k), two, at a third and two thirds of it."""
+    for max_len, prefill, generate in (
+        (1024, (256, 512, 768), (1151,)),
+        (2048, (1024, 1792), (1151, 2175)),
+        (4096, (2048, 3840), (1151, 4223)),
+        (512, (0, 256), (639,)),
+    ):
+        config = PipelineConfig.from_kwargs("NPU", max_prompt_len=max_len, prefill_chunk_size=256)
+        shapes = StaticShapes.of(config, max_len + 128)
+        assert (shapes.prefill_pasts, shapes.generate_pasts) == (prefill, generate), max_len
+    # a generate ladder asked for in full leaves the prefill's lean rung as it is
+    config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, generate_pyramid="YES")
+    assert StaticShapes.of(config, 4224).prefill_pasts == (2048, 3840)
 
 
 def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
