@@ -81,8 +81,8 @@ class StaticShapes:
             # ~2k), one prefill model at half the past; else (1k) two, at a third and two thirds
             rungs = 1 if len(self.generate_pasts) > 1 else 2
             c, whole = self.chunk, self.prefill_past
-            pasts = {(i * whole // (rungs + 1) + c // 2) // c * c for i in range(1, rungs + 1)}
-            return tuple(sorted({p for p in pasts if p < whole} | {whole}))
+            at = {(i * whole // (rungs + 1) + c // 2) // c * c for i in range(1, rungs + 1)}
+            return tuple(sorted({p for p in at if p < whole} | {whole}))
         pasts, past = [0], self.chunk
         while past < self.prefill_past:
             pasts.append(past)
