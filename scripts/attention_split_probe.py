@@ -140,6 +140,9 @@ class Cache:
         self.heads, self.dim = layout.num_kv_heads, layout.head_dim
         shape = [1, self.heads, slots, self.dim]
         self.buffers = [[ov.Tensor(kv_type, shape) for _ in "kv"] for _ in range(layers)]
+        for pair in self.buffers:  # zeroed: a masked slot still enters the attention's sums,
+            for tensor in pair:  # and 0 x NaN from uninitialised memory would be NaN
+                tensor.data[...] = 0
         self._views: dict[tuple[int, int, int], list[ov.Tensor]] = {}
 
     def views(self, layer: int, a: int, b: int) -> list[ov.Tensor]:

@@ -41,6 +41,8 @@ class Segment:
 
     model: ov.Model
     weights: dict[int, list[ov.Tensor]] = field(default_factory=dict)
+    # the constants ``weights`` view: a view does not keep its constant alive
+    owners: list[list[ov.Node]] = field(default_factory=list)
 
 
 # where a segment input comes from: ("attention", layer), ("input", name) or
@@ -237,7 +239,7 @@ def _signature(model: ov.Model) -> list[tuple[str, str]]:
     ]
 
 
-def _fold(models: list[ov.Model]) -> tuple[ov.Model, list[list[ov.Tensor]]]:
+def _fold(models: list[ov.Model]) -> tuple[ov.Model, list[list[ov.Tensor]], list[list[ov.Node]]]:
     """One graph for isomorphic ``models``: the constants that differ between them become
     trailing inputs; per model, the tensors to bind there (views of its constants' data)."""
     sig = _signature(models[0])
@@ -259,8 +261,8 @@ def _fold(models: list[ov.Model]) -> tuple[ov.Model, list[list[ov.Tensor]]]:
         new_params.append(param)
     base.add_parameters(new_params)
     base.validate_nodes_and_infer_types()
-    weights = [[m[i].get_tensor_view() for i in varying] for m in consts]
-    return base, weights
+    owners = [[m[i] for i in varying] for m in consts]
+    return base, [[c.get_tensor_view() for c in layer] for layer in owners], owners
 
 
 def _static_shapes_as_constants(model: ov.Model) -> None:
@@ -307,7 +309,7 @@ def split_layers(body: ov.Model, layout: KVLayout) -> LayerSplit:
                 sources.append(("segment", *produced[_name(src)]))
         wiring.append(sources)
     segments = [_carve(body, *b) for b in bounds]
-    middle, weights = _fold(segments[1:n])
+    middle, weights, owners = _fold(segments[1:n])
     sdpa = graph.attention[0]
     if sdpa.get_input_size() != 5 or sdpa.get_attributes().get("causal"):
         raise ModelLayoutError("attention without an explicit mask and scale")
@@ -319,7 +321,7 @@ def split_layers(body: ov.Model, layout: KVLayout) -> LayerSplit:
     query = sdpa.input(0).get_source_output()
     return LayerSplit(
         Segment(segments[0]),
-        Segment(middle, {k + 1: w for k, w in enumerate(weights)}),
+        Segment(middle, {k + 1: w for k, w in enumerate(weights)}, owners),
         Segment(segments[n]),
         wiring,
         [d.get_length() for d in query.get_partial_shape()],
