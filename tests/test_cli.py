@@ -120,12 +120,13 @@ def test_bench_static_path_reports_chunk_time_by_past(capsys, tmp_path):
     assert main(argv) == 0
     out = capsys.readouterr().out
     (row,) = json.loads(out_json.read_text())
-    # 100 tokens in 4 chunks of 32, on the lean ladder's pasts 64 (half of 96) and 96
+    # 100 tokens in 4 chunks of 32, on the lean ladder's pasts (no generate variant at this
+    # length: a third and two thirds of 96, and 96)
     runs = [(past, n) for past, _, n in row["prefill_ms_by_past"]]
-    assert runs == [(64, 3), (96, 1)]
+    assert runs == [(32, 2), (64, 1), (96, 1)]
     assert all(ms > 0 for _, ms, _ in row["prefill_ms_by_past"])
     line = next(x for x in out.splitlines() if x.startswith("npuw-kv-npu prefill chunk ms by past"))
-    assert "(3), 96: " in line and line.endswith("(1)")
+    assert "(2), 64: " in line and "(1), 96: " in line and line.endswith("(1)")
     assert 0 < row["load_rss_mb"] <= row["peak_rss_mb"]
 
 
