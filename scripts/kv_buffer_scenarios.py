@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # npuw_kv from 
 
 from npuw_kv.model.ring import ring_slots  # noqa: E402
 from npuw_kv.model.variants import StaticShapes  # noqa: E402
+from npuw_kv.runtime.plan import PromptPlan  # noqa: E402
 from npuw_kv.runtime.rings import held_slots, window_mask  # noqa: E402
 
 # Cell kinds of the buffer row and of the spans of a call row: ``chunk0``, ``chunk1``, ... are
@@ -67,9 +68,9 @@ class Scenario:
 
 
 def _front_padded(prompt: int, chunk: int) -> tuple[int, int]:
-    """(padded length, pad): the prompt padded at the front to a multiple of the chunk."""
-    padded = -(-prompt // chunk) * chunk
-    return padded, padded - prompt
+    """(padded length, pad) of a fresh prompt, as plan.py lays it out."""
+    plan = PromptPlan(prompt, chunk)
+    return plan.padded_len, plan.pad
 
 
 def _chunk_present(k: int, chunk: int, pad: int) -> list[Span]:
