@@ -181,7 +181,15 @@ def pyramid_prefill(
     """The NPU path's prefill models by past length (``prefill_attention="pyramid"``)."""
     total = max_prompt + min_response
     shapes = StaticShapes(chunk, max_prompt, total, pyramid=True)
-    lean = StaticShapes(chunk, max_prompt, total, pyramid=True, lean_pyramid=True)
+    lean = StaticShapes(  # as prefill_attention / generate_pyramid "auto" shape them
+        chunk,
+        max_prompt,
+        total,
+        pyramid=True,
+        generate_variants=True,
+        lean_pyramid=True,
+        lean_generate=True,
+    )
     pasts, slots = shapes.prefill_pasts, shapes.generate_past
     padded, pad = _front_padded(prompt, chunk)
 
