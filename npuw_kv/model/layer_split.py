@@ -94,6 +94,7 @@ class _Graph:
     body: ov.Model
     layout: KVLayout
     attention: list[ov.Node] = field(default_factory=list)  # by layer
+    after: dict[str, int] = field(default_factory=dict)  # attention op -> the segment it feeds
     segment: dict[str, int] = field(default_factory=dict)  # node name -> segment
     free: dict[str, bool] = field(default_factory=dict)  # parameter-free memo
 
@@ -117,7 +118,7 @@ class _Graph:
         if sorted(by_layer) != list(range(layout.num_layers)):
             raise ModelLayoutError("not one attention op per layer")
         self.attention = [by_layer[i] for i in range(len(by_layer))]
-        after = {s.get_friendly_name(): i + 1 for i, s in enumerate(self.attention)}
+        self.after = after = {s.get_friendly_name(): i + 1 for i, s in enumerate(self.attention)}
         for node in body.get_ordered_ops():
             name = node.get_friendly_name()
             if name in region or name in after or node.get_type_name() == "Result":
@@ -172,7 +173,7 @@ class _Graph:
         """Segment ``k``'s inputs (outputs of earlier segments, attention or parameters) and
         outputs (query, new K, new V of layer ``k``, then what later segments read), in the
         body's topological order, so that isomorphic segments list them alike."""
-        after = {s.get_friendly_name(): i + 1 for i, s in enumerate(self.attention)}
+        after = self.after
         inputs: dict[str, ov.Output] = {}
         crossing: dict[str, ov.Output] = {}
         for node in self.body.get_ordered_ops():
