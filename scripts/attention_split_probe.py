@@ -36,7 +36,7 @@ from npuw_kv.model.layer_split import LayerSplit, split_layers
 from npuw_kv.model.layout import KVLayout
 from npuw_kv.model.source import resolve_model
 from npuw_kv.model.split import EMBEDS_INPUT, split_model
-from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_ladder
+from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
 from npuw_kv.runtime.compile import _head_target
 from npuw_kv.runtime.device import device_properties, resolve_kv_precision
 from npuw_kv.runtime.plan import PromptPlan, prefill_inputs
@@ -160,12 +160,13 @@ class Chain:
         self, core: ov.Core, model_dir: Any, config: PipelineConfig, decode: bool = False
     ) -> None:
         total = config.max_prompt_len + config.min_response_len
-        shapes = StaticShapes.of(config, total - 1)
+        shapes = StaticShapes.of(config, total)
         model, layout = prepare(
             read_ir(core, model_dir), resolve_kv_precision(core, config), shapes=shapes
         )
         parts = split_model(model, layout)
-        ladder = static_ladder(parts.body, layout, shapes)
+        # the segments are the same at any past: the whole-past pair is enough to carve them
+        prefill_body, generate_body = static_pair(parts.body, layout, shapes)
         device, props = device_properties(core, config)
         if device == "NPU":
             # NPUW's f16 tensors between its sub-graphs refuse the f32 tensors bound between
@@ -176,7 +177,7 @@ class Chain:
             return core.compile_model(m, device, props).create_infer_request()
 
         c = self.chunk = config.prefill_chunk_size
-        split = split_layers(ladder.prefill[-1][1], layout)
+        split = split_layers(prefill_body, layout)
         # attention over exactly the slots up to the chunk's last
         pasts = range(0, shapes.prefill_past + 1, c)
         self.prefill = Phase(compile_, split, [p + c for p in pasts], c, layout)
@@ -184,9 +185,9 @@ class Chain:
         if decode:
             # a step reads the smallest of 512, 1024, 2048, ... slots that holds its own
             lengths = [n for n in (512 << i for i in range(16)) if n < total] + [total]
-            generate = split_layers(ladder.generate[-1][1], layout)
+            generate = split_layers(generate_body, layout)
             self.generate = Phase(compile_, generate, lengths, 1, layout)
-        del ladder, model
+        del prefill_body, generate_body, model
         host: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
         self.embed = core.compile_model(parts.embed, "CPU", host).create_infer_request()
         head = core.compile_model(parts.head, *_head_target(config, device, props))

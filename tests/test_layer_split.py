@@ -16,13 +16,13 @@ import pytest
 from npuw_kv.errors import ModelLayoutError
 from npuw_kv.model.layer_split import split_layers
 from npuw_kv.model.split import split_model
-from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_ladder
+from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
 
 
 def _body(smol_dir: Path):
     shapes = StaticShapes(128, 512, 512 + 127)
     model, layout = prepare(read_ir(ov.Core(), smol_dir), "f16", shapes=shapes)
-    body = static_ladder(split_model(model, layout).body, layout, shapes).prefill[-1][1]
+    body, _ = static_pair(split_model(model, layout).body, layout, shapes)
     return body, layout
 
 
