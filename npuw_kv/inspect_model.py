@@ -7,7 +7,7 @@ from typing import Any
 import openvino as ov
 
 from .config import PipelineConfig
-from .model.source import declared_window, resolve_model, trained_context
+from .model.source import declared_window, resolve_model, trained_context, wide_activations
 from .model.variants import StaticShapes, prepare, read_ir
 from .runtime.device import paged_kv_precision, resolve_kv_precision
 from .runtime.prefix_store import TOKENS_PER_BLOCK
@@ -21,7 +21,12 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     shapes = StaticShapes.of(cfg, cfg.kv_capacity(context))
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
     window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
-    _, layout = prepare(read_ir(core, model_dir), resolve_kv_precision(core, cfg), False, window)
+    _, layout = prepare(
+        read_ir(core, model_dir),
+        resolve_kv_precision(core, cfg, wide_activations(model_dir)),
+        False,
+        window,
+    )
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
     precision = (

@@ -126,6 +126,26 @@ def test_npu_properties_share_weights_and_keep_f32_exact():
     assert not any(k.startswith("NPUW") for k in cpu)
 
 
+def test_npu_auto_kv_is_f16_on_a_real_npu_and_f32_with_npuw_on_the_cpu():
+    """A real NPU computes in f16 (NPUW's own pipeline stores f16 KV): ``auto`` KV follows it,
+    except where our settings keep NPUW's tensors f32 (the f32 hint, wide activations).  With
+    NPUW's sub-models on the CPU it stays f32 (each f16 model's own convert buffers cost more
+    than the halved KV saves at 1k)."""
+    core = ov.Core()
+
+    def kv(devices: str = "NPU", wide: bool = False, **settings: object) -> str:
+        config = PipelineConfig.from_kwargs("NPU", npuw_devices=devices, **settings)
+        return resolve_kv_precision(core, config, wide)
+
+    assert kv() == kv("NPU,CPU") == "f16"
+    assert kv(**EXACT_F32) == "f32"
+    assert kv(wide=True) == "f32"
+    assert kv(**EXACT_F32, NPUW_F16IC="YES") == "f32"  # f32 asked for: exact KV
+    assert kv(kv_precision="f32") == "f32"  # an explicit precision wins
+    assert kv("CPU") == kv("CPU,NPU") == "f32"
+    assert kv("CPU", kv_precision="f16") == "f16"
+
+
 def test_aliases_agreeing_and_yes_no_strings_are_fine():
     cfg = PipelineConfig.from_kwargs(
         "CPU", max_prompt_len=512, MAX_PROMPT_LEN=512, full_prefill_logits="NO", prefix_reuse="YES"

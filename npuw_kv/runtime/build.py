@@ -117,16 +117,16 @@ def build_runner(
             stacklevel=3,
         )
     shapes = StaticShapes.of(config, kv_capacity)
+    wide = wide_activations(model_dir)
     prepared, layout = prepare(
         ir,
-        resolve_kv_precision(core, config),
+        resolve_kv_precision(core, config, wide),
         config.full_prefill_logits,
         declared_window(model_dir, kv_capacity),
         shapes,
     )
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
-    wide = wide_activations(model_dir)
     requests = build.compile(lambda: compile_requests(core, prepared, layout, config, shapes, wide))
     runner = build.allocate(
         kv_capacity,

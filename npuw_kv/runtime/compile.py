@@ -19,6 +19,7 @@ from .device import (
     compute_precision,
     device_properties,
     limit_runtime_cache,
+    on_real_npu,
     paged_kv_precision,
 )
 
@@ -195,8 +196,7 @@ def compile_requests(
 def value_layouts(config: PipelineConfig, props: dict[str, Any]) -> ValueLayouts:
     """Where the static models store V transposed: both phases or none (``optimize_v_tensors``;
     ``auto``: where NPUW places them on a real NPU)."""
-    real_npu = "NPU" in str(props.get("NPUW_DEVICES", "")).upper().split(",")[0]
-    wanted = config.v_transposed(real_npu)
+    wanted = config.v_transposed(on_real_npu(str(props.get("NPUW_DEVICES", ""))))
     return ValueLayouts(wanted, wanted)
 
 

@@ -44,25 +44,42 @@ def device_properties(
     """
     props: dict[str, Any] = {}
     if config.device == "NPU":
-        npuw_devices = config.npuw_devices
-        if "NPU" in core.available_devices and npuw_devices == "CPU":
-            npuw_devices = "NPU,CPU"  # a real NPU is present: use it, CPU as fallback
         props.update(
             {
                 "NPU_USE_NPUW": "YES",
-                "NPUW_DEVICES": npuw_devices,
+                "NPUW_DEVICES": npuw_devices(core, config),
                 "NPUW_FOLD": "YES",
                 "NPUW_FUNCALL_FOR_ALL": "YES",
                 "NPUW_WEIGHTS_BANK": f"npuw_kv_{next(_BANKS)}",
             }
         )
-        hint = _type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
-        if hint in ("f32", "float32") or wide_activations:
+        if not _npuw_f16_between_subgraphs(config, wide_activations):
             props["NPUW_F16IC"] = "NO"
     if config.num_threads and config.device == "CPU":
         props["INFERENCE_NUM_THREADS"] = config.num_threads
     props.update(config.compile_properties)
     return config.device, props
+
+
+def npuw_devices(core: ov.Core, config: PipelineConfig) -> str:
+    """Where NPUW runs its sub-models: ``npuw_devices``, except that the default (CPU) becomes
+    "NPU,CPU" when a real NPU is present (use it, the CPU as fallback)."""
+    if "NPU" in core.available_devices and config.npuw_devices == "CPU":
+        return "NPU,CPU"
+    return config.npuw_devices
+
+
+def on_real_npu(devices: str) -> bool:
+    """Whether an ``NPUW_DEVICES`` list places the sub-models on an NPU first."""
+    return devices.upper().split(",")[0].strip() == "NPU"
+
+
+def _npuw_f16_between_subgraphs(config: PipelineConfig, wide_activations: bool) -> bool:
+    """Whether NPUW is left to pass f16 tensors between its sub-graphs (``NPUW_F16IC``, its
+    default): not under an f32 precision hint, nor for a model whose activations leave the f16
+    range.  (An explicit ``NPUW_F16IC`` still overrides the property, not this answer.)"""
+    hint = _type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
+    return hint not in ("f32", "float32") and not wide_activations
 
 
 def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
@@ -80,8 +97,18 @@ def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
     return precision if precision.upper() in capabilities or precision == "f32" else "f32"
 
 
-def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
+def resolve_kv_precision(
+    core: ov.Core, config: PipelineConfig, wide_activations: bool = False
+) -> str:
     """``auto``: store KV in the precision the device computes it in.
+
+    On a real NPU that is f16 (the NPU computes in f16, and NPUW's own LLM pipeline stores its
+    KV so), except where our settings keep NPUW's tensors f32: under an f32 precision hint and
+    for models whose activations leave the f16 range (``wide_activations``).  With NPUW running
+    its sub-models on the CPU it is f32: there each f16 static model converts its past back to
+    f32 in buffers of its own, so f16 KV traded memory per model for KV bytes (SmolLM2 fp16,
+    lean ladders: 4k peak 1077 -> 1011 MB and TTFT -6 %, but 1k peak 878 -> 902 MB;
+    docs/measurements.md).
 
     The CPU plugin with a bf16 (or f16) inference precision produces K/V in that type and
     converts them to f32 only at the output, and converts f32 inputs back on every step; storing
@@ -99,6 +126,11 @@ def resolve_kv_precision(core: ov.Core, config: PipelineConfig) -> str:
         )
     if config.kv_precision != "auto":
         return config.kv_precision
+    if config.device == "NPU":
+        real_npu = on_real_npu(npuw_devices(core, config))
+        return (
+            "f16" if real_npu and _npuw_f16_between_subgraphs(config, wide_activations) else "f32"
+        )
     return compute_precision(core, config)
 
 
