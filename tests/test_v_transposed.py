@@ -270,6 +270,32 @@ def test_transposed_v_gives_the_same_tokens_and_copies_nothing(tiny_dir, tiny_re
             assert stats["generate_past_used"] == 1551
 
 
+def test_real_npu_defaults_f16_kv_with_transposed_v(tiny_dir):
+    """What ``auto`` picks on a real NPU, f16 KV with V transposed (runtime/device.py,
+    config.v_transposed), over the lean ladders: the tokens of one f16 model per phase with V as
+    it is, logits within f16 rounding, and still 0 bytes copied."""
+    settings = dict(prefill_chunk_size=C, max_prompt_len=512, min_response_len=16, **NPU)
+    settings["kv_precision"] = "f16"
+    plain = LLMPipeline(
+        tiny_dir,
+        "NPU",
+        optimize_v_tensors="NO",
+        prefill_attention="static",
+        generate_pyramid="NO",
+        **settings,
+    )
+    pipe = LLMPipeline(tiny_dir, "NPU", optimize_v_tensors="YES", **settings)
+    stats = pipe.kv_stats()
+    assert (stats["v_layout"], stats["kv_precision"]) == ("HDS", "f16")
+    assert stats["prefill_variants"] == [160, 336, 496]  # lean: two rungs and the whole
+    for ids, new in ((_ids(500, seed=5), 16), (_ids(40), 8)):
+        expected = plain.generate(ids, max_new_tokens=new, ignore_eos=True)
+        result = pipe.generate(ids, max_new_tokens=new, ignore_eos=True)
+        assert result.tokens == expected.tokens and len(set(result.tokens)) > 2
+        np.testing.assert_allclose(result.first_logits, expected.first_logits, atol=1e-3)
+        assert pipe.kv_stats()["host_bytes_copied"] == 0
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny_vt")
