@@ -218,8 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_str_list,
         default=["exact"],
         help="exact, sdpa (CPU), copy, static, no-pyramid (static models without variants), "
-        "f16-kv, bf16-kv (CPU), device-default, and the parts of the CPU's defaults u8-kv, "
-        "u8-kv+dyn-quant, u8-kv+bf16, bf16-kv+bf16 (docs/accuracy.md)",
+        "pyramid (the full variant ladders), v-transposed, f16-kv, bf16-kv (CPU), "
+        "device-default, and the parts of the CPU's defaults u8-kv, u8-kv+dyn-quant, "
+        "u8-kv+bf16, bf16-kv+bf16 (docs/accuracy.md)",
     )
     acc.add_argument("--chunks", type=_int_list, default=[256])
     acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")

@@ -72,6 +72,21 @@ def test_auto_ladders_hold_two_models_more_than_one_per_phase():
     assert StaticShapes.of(config, 4224).prefill_pasts == (2048, 3840)
 
 
+def test_accuracy_modes_shape_the_ladders_they_name():
+    """`npuw-kv accuracy --modes pyramid` runs the full ladders, `no-pyramid` one model per
+    phase, `exact` the defaults (the lean ladders): each gated at 1k and 4k on NPU."""
+    from npuw_kv.accuracy.modes import MODES
+
+    def ladders(mode: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, **MODES[mode])
+        shapes = StaticShapes.of(config, 4224)
+        return shapes.prefill_pasts, shapes.generate_pasts
+
+    assert ladders("pyramid") == ((0, 256, 512, 1024, 2048, 3072, 3840), (1151, 2175, 4223))
+    assert ladders("exact") == ((2048, 3840), (1151, 4223))
+    assert ladders("no-pyramid") == ((3840,), (4223,))
+
+
 def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
     pipe = LLMPipeline(tiny_dir, "NPU", **settings)

@@ -42,6 +42,15 @@ MODES: dict[str, dict[str, Any]] = {
         "generate_pyramid": False,
         **EXACT_F32,
     },
+    # the full ladders: a prefill model per doubling of the past, a generate model per doubling
+    # of the prompt (what prefill_attention="pyramid", generate_pyramid=YES ask for)
+    "pyramid": {
+        "kv_precision": "f32",
+        "static_models": True,
+        "prefill_attention": "pyramid",
+        "generate_pyramid": True,
+        **EXACT_F32,
+    },
     "f16-kv": {"kv_precision": "f16", **EXACT_F32},
     # V stored transposed [1, H, D, S] in the static models (NPUW_LLM_OPTIMIZE_V_TENSORS)
     "v-transposed": {"static_models": True, "optimize_v_tensors": True, **EXACT_F32},
@@ -55,6 +64,7 @@ TOLERANCE: dict[str, dict[str, float]] = {
     "copy": {"CPU": 1e-3, "NPU": 1e-3},
     "static": {"CPU": 1e-3, "NPU": 1e-3},
     "no-pyramid": {"CPU": 1e-3, "NPU": 1e-3},
+    "pyramid": {"CPU": 1e-3, "NPU": 1e-3},
     "v-transposed": {"CPU": 1e-3, "NPU": 1e-3},
     "f16-kv": {"CPU": 0.1, "NPU": 0.1},
     # bf16 keeps 8 mantissa bits to f16's 11: ~8x the rounding of f16-kv (0.22 / 0.45 seen at
