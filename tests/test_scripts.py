@@ -28,6 +28,7 @@ SMOKED = {
     "kv_buffer_scenarios.py",
     "memory_stages.py",
     "soak.py",
+    "strided_view_cost.py",
 }
 
 
@@ -183,3 +184,11 @@ def test_attention_split_probe_gives_the_static_paths_logits_and_tokens() -> Non
     assert dlogit < 1e-3, out
     assert re.search(r"decode: [\d.]+ ms/token over 8 tokens", out), out
     assert "greedy tokens agree 9/9" in out, out  # the generate chain's steps too
+
+
+def test_strided_view_cost_times_both_bindings() -> None:
+    out = script(
+        "strided_view_cost.py", "--max-prompt-len", "2048", "--calls", "2", "--rounds", "1"
+    )
+    assert "generate model, past 1151 of a 2175-slot buffer" in out, out
+    assert re.search(r"round 1: dense [\d.]+ ms, strided [\d.]+ ms a call", out), out
