@@ -137,7 +137,7 @@ def test_npu_auto_kv_is_f16_on_a_real_npu_and_f32_with_npuw_on_the_cpu():
         config = PipelineConfig.from_kwargs("NPU", npuw_devices=devices, **settings)
         return resolve_kv_precision(core, config, wide)
 
-    assert kv() == kv("NPU,CPU") == "f16"
+    assert kv() == kv("NPU,CPU") == kv("NPU.0") == "f16"
     assert kv(**EXACT_F32) == "f32"
     assert kv(wide=True) == "f32"
     assert kv(**EXACT_F32, NPUW_F16IC="YES") == "f32"  # f32 asked for: exact KV

@@ -71,13 +71,14 @@ def npuw_devices(core: ov.Core, config: PipelineConfig) -> str:
 
 def on_real_npu(devices: str) -> bool:
     """Whether an ``NPUW_DEVICES`` list places the sub-models on an NPU first."""
-    return devices.upper().split(",")[0].strip() == "NPU"
+    return devices.upper().split(",")[0].strip().split(".")[0] == "NPU"  # NPU, NPU.0, ...
 
 
 def _npuw_f16_between_subgraphs(config: PipelineConfig, wide_activations: bool) -> bool:
     """Whether NPUW is left to pass f16 tensors between its sub-graphs (``NPUW_F16IC``, its
     default): not under an f32 precision hint, nor for a model whose activations leave the f16
-    range.  (An explicit ``NPUW_F16IC`` still overrides the property, not this answer.)"""
+    range.  An explicit ``NPUW_F16IC`` overrides the property set from this, not the KV
+    precision chosen from it."""
     hint = _type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
     return hint not in ("f32", "float32") and not wide_activations
 
