@@ -22,7 +22,7 @@ import numpy as np
 import openvino as ov
 
 from npuw_kv.config import PipelineConfig
-from npuw_kv.model.source import resolve_model
+from npuw_kv.model.source import resolve_model, wide_activations
 from npuw_kv.model.split import split_model
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_ladder
 from npuw_kv.runtime.device import device_properties, resolve_kv_precision
@@ -49,8 +49,9 @@ def main() -> None:
     )
     shapes = StaticShapes.of(config, config.total_len)
     model_dir = resolve_model(args.model)
+    wide = wide_activations(model_dir)  # as the pipeline: Gemma keeps f32 between sub-graphs
     model, layout = prepare(
-        read_ir(core, model_dir), resolve_kv_precision(core, config), shapes=shapes
+        read_ir(core, model_dir), resolve_kv_precision(core, config, wide), shapes=shapes
     )
     ladder = static_ladder(split_model(model, layout).body, layout, shapes)
     if args.phase == "generate":
@@ -64,7 +65,8 @@ def main() -> None:
             f"the smallest {args.phase} model reads the whole buffer ({capacity} slots): its "
             "past is dense either way; raise --max-prompt-len"
         )
-    request = core.compile_model(chosen, *device_properties(core, config)).create_infer_request()
+    device, props = device_properties(core, config, wide)
+    request = core.compile_model(chosen, device, props).create_infer_request()
     dense: dict[str, ov.Tensor] = {}
     strided: dict[str, ov.Tensor] = {}
     for port in phase_layout.ports:
@@ -84,7 +86,7 @@ def main() -> None:
         tensor = ov.Tensor(inp.get_element_type(), inp.get_shape())
         values = tensor.data
         if "position" in name:
-            values[...] = np.arange(values.size).reshape(values.shape) % past
+            values[...] = np.arange(values.size).reshape(values.shape)
         else:
             values[...] = 1 if "mask" in name else 0.1
         request.set_tensor(name, tensor)
