@@ -106,10 +106,10 @@ def resolve_kv_precision(
     On a real NPU that is f16 (the NPU computes in f16, and NPUW's own LLM pipeline stores its
     KV so), except where our settings keep NPUW's tensors f32: under an f32 precision hint and
     for models whose activations leave the f16 range (``wide_activations``).  With NPUW running
-    its sub-models on the CPU it is f32: there each f16 static model converts its past back to
-    f32 in buffers of its own, so f16 KV traded memory per model for KV bytes (SmolLM2 fp16,
-    lean ladders: 4k peak 1077 -> 1011 MB and TTFT -6 %, but 1k peak 878 -> 902 MB;
-    docs/measurements.md).
+    its sub-models on the CPU it is f32: there each f16 static model loads ~10 MB more (most
+    likely its past converted back to f32), so f16 KV traded memory per model for KV bytes
+    (SmolLM2 fp16, lean ladders: 4k peak 1077 -> 1011 MB and TTFT -6 %, but 1k peak 878 -> 902
+    MB; docs/measurements.md).
 
     The CPU plugin with a bf16 (or f16) inference precision produces K/V in that type and
     converts them to f32 only at the output, and converts f32 inputs back on every step; storing
