@@ -129,7 +129,7 @@ def test_npu_properties_share_weights_and_keep_f32_exact():
 def test_npu_auto_kv_is_f16_on_a_real_npu_and_f32_with_npuw_on_the_cpu():
     """A real NPU computes in f16 (NPUW's own pipeline stores f16 KV): ``auto`` KV follows it,
     except where our settings keep NPUW's tensors f32 (the f32 hint, wide activations).  With
-    NPUW's sub-models on the CPU it stays f32 (each f16 model's own convert buffers cost more
+    NPUW's sub-models on the CPU it stays f32 (each f16 model loads ~10 MB more there, more
     than the halved KV saves at 1k)."""
     core = ov.Core()
 
