@@ -46,6 +46,7 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
     for flag, value in (
         ("--max-prompt-len", args.max_prompt_len),
         ("--min-response-len", args.min_response_len),
+        ("--chunk", args.chunk),
     ):
         if value is not None:
             cmd += [flag, str(value)]
@@ -67,12 +68,14 @@ def run_bench(args: argparse.Namespace) -> int:
         args.new_tokens = QUICK_NEW_TOKENS
     extra = pipeline_kwargs(args)
     # the static shapes go to every worker as their own arguments (npuw-llm needs them too),
-    # whichever name set them (--max-prompt-len, -p MAX_PROMPT_LEN=..., ...)
+    # whichever name set them (--max-prompt-len, -p MAX_PROMPT_LEN=..., --chunk, ...)
     npuw_extra = {}
     for key, value in extra.items():
         name = PipelineConfig.setting_name(key)
         if name in ("max_prompt_len", "min_response_len"):
             setattr(args, name, int(value))
+        elif name == "prefill_chunk_size":
+            args.chunk = int(value)
         else:
             npuw_extra[key] = value
     genai_extra = genai_properties(npuw_extra)
@@ -175,6 +178,7 @@ def _main() -> int:
     parser.add_argument("--extra", default="{}")
     parser.add_argument("--max-prompt-len", type=int, default=None)
     parser.add_argument("--min-response-len", type=int, default=None)
+    parser.add_argument("--chunk", type=int, default=None)
     a = parser.parse_args()
     if a.snippet_kernels:
         snippet_kernels()
@@ -191,6 +195,7 @@ def _main() -> int:
         json.loads(a.extra),
         a.max_prompt_len,
         a.min_response_len,
+        a.chunk,
     )
     print(json.dumps(result))
     return 0

@@ -32,6 +32,7 @@ _OUR_PRESETS: dict[str, dict[str, Any]] = {
     "npuw-kv-npu-static": {"prefill_attention": "static", "generate_pyramid": False},
 }
 # NPUW's own LLM pipeline with its pyramid prefill and generate variants
+DEFAULT_CHUNK = PipelineConfig().prefill_chunk_size  # ours, and what npuw-llm is given
 _NPUW_PYRAMID = {"NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID", "NPUW_LLM_GENERATE_PYRAMID": "YES"}
 
 
@@ -77,9 +78,17 @@ def genai_properties(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def genai_pipeline(
-    runtime: str, model_dir: Any, props: dict[str, Any], max_prompt: int, min_response: int
+    runtime: str,
+    model_dir: Any,
+    props: dict[str, Any],
+    max_prompt: int,
+    min_response: int,
+    chunk: int = DEFAULT_CHUNK,
 ) -> Any:
-    """openvino-genai's pipeline as the peer ``runtime`` runs it (cold: no prefix caching)."""
+    """openvino-genai's pipeline as the peer ``runtime`` runs it (cold: no prefix caching).
+
+    NPUW's LLM pipeline prefills in chunks of ``chunk`` tokens, ours by default (its own
+    default is 1024), so that a side-by-side run compares the same chunk size."""
     import openvino_genai
 
     if runtime == "genai-cpu":
@@ -99,7 +108,7 @@ def genai_pipeline(
             NPUW_DEVICES="CPU",
             MAX_PROMPT_LEN=max_prompt,
             MIN_RESPONSE_LEN=min_response,
-            NPUW_LLM_PREFILL_CHUNK_SIZE=256,
+            NPUW_LLM_PREFILL_CHUNK_SIZE=chunk,
             **props,
         )
     raise ValueError(f"unknown runtime {runtime!r}; choose from {RUNTIMES}")
@@ -114,6 +123,7 @@ def measure(
     extra: dict[str, Any],
     max_prompt: int | None = None,
     min_response: int | None = None,
+    chunk: int | None = None,
 ) -> dict[str, Any]:
     import numpy as np
     import openvino as ov
@@ -139,6 +149,8 @@ def measure(
         # every timed run repeats the prompt: reusing its cached KV would time one chunk, so the
         # runs are cold, as genai-cpu's (prefix caching off); -p PREFIX_REUSE=YES overrides
         settings = dict(extra)
+        if chunk is not None:
+            settings["prefill_chunk_size"] = chunk
         named = {PipelineConfig.setting_name(key) for key in settings}
         if "prefix_reuse" not in named:
             settings["prefix_reuse"] = False
@@ -172,7 +184,9 @@ def measure(
                 stats["prefill_pasts_used"], stats["prefill_chunk_ms"]
             )
     else:
-        pipe = genai_pipeline(runtime, model_dir, extra, max_prompt, min_response)
+        pipe = genai_pipeline(
+            runtime, model_dir, extra, max_prompt, min_response, chunk or DEFAULT_CHUNK
+        )
         load_s = time.perf_counter() - load_start
         load_rss = status_mb()
         config = openvino_genai.GenerationConfig()

@@ -274,3 +274,31 @@ def test_bench_prefix_reuse_override_reaches_the_worker():
     cold = measure("npuw-kv", None, 40, 2, 1, shapes, 64, 8)
     warm = measure("npuw-kv", None, 40, 2, 1, {**shapes, "PREFIX_REUSE": "YES"}, 64, 8)
     assert cold["reused_tokens"] == 0 and warm["reused_tokens"] > 0
+
+
+def test_bench_chunk_reaches_npuw_llm_as_well_as_ours(monkeypatch):
+    """``--chunk`` (or any of its names) is one of the static shapes: every worker gets it, and
+    NPUW's LLM pipeline is built with it, not with a chunk of its own (256 when none is given)."""
+    import openvino_genai
+
+    from npuw_kv.bench_worker import genai_pipeline
+
+    seen = []
+
+    def worker(runtime, args, extra):
+        seen.append((runtime, args.chunk, dict(extra)))
+        return {"runtime": runtime, "error": "not run"}
+
+    monkeypatch.setattr("npuw_kv.bench._run_worker", worker)
+    for flags in (["--chunk", "512"], ["-p", "NPUW_LLM_PREFILL_CHUNK_SIZE=512"]):
+        seen.clear()
+        main(["bench", "--runtimes", "npuw-kv-npu,npuw-llm", *flags])
+        assert [(r, c) for r, c, _ in seen] == [("npuw-kv-npu", 512), ("npuw-llm", 512)]
+        assert all("CHUNK" not in k.upper() for _, _, extra in seen for k in extra)
+
+    built = []
+    monkeypatch.setattr(openvino_genai, "LLMPipeline", lambda *a, **kw: built.append(kw))
+    genai_pipeline("npuw-llm-pyramid", "m", {}, 4096, 128, 512)
+    genai_pipeline("npuw-llm", "m", {}, 1024, 128)
+    assert [kw["NPUW_LLM_PREFILL_CHUNK_SIZE"] for kw in built] == [512, 256]
+    assert built[0]["NPUW_LLM_PREFILL_ATTENTION_HINT"] == "PYRAMID"
