@@ -31,8 +31,8 @@ _OUR_PRESETS: dict[str, dict[str, Any]] = {
     # the NPU path without its variants: one prefill model over the whole past, one generate
     "npuw-kv-npu-static": {"prefill_attention": "static", "generate_pyramid": False},
 }
-# NPUW's own LLM pipeline with its pyramid prefill and generate variants
 DEFAULT_CHUNK = PipelineConfig().prefill_chunk_size  # ours, and what npuw-llm is given
+# NPUW's own LLM pipeline with its pyramid prefill and generate variants
 _NPUW_PYRAMID = {"NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID", "NPUW_LLM_GENERATE_PYRAMID": "YES"}
 
 
