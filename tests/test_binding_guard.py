@@ -193,9 +193,9 @@ def test_one_kv_head_binds_everything_directly(pipes):
 # and 32; a prefill model's staged past is filled from slot 0 up to its chunk's start.  One
 # prefill model (past 48): [0, 32) by chunk 2.  Pyramid (pasts 0, 16, 32, 48; the chunk at slot
 # s on the smallest past >= s): [0, 16) for chunk 1's model, [0, 32) for chunk 2's.  The lean
-# pyramid (the default here, with no generate variant: pasts 16, 32, 48) runs chunks 0 and 1 on
-# the past-16 model and chunk 2 on the past-32 one: again [0, 16) and [0, 32).
-PAST_ROWS = {(48, 48, 48): 32, (0, 16, 32): 16 + 32, (16, 16, 32): 16 + 32}
+# pyramid (the default here, with no generate variant: pasts 0, 16, 48) runs chunk 1 on the
+# past-16 model and chunk 2 on the past-48 one: again [0, 16) and [0, 32).
+PAST_ROWS = {(48, 48, 48): 32, (0, 16, 32): 16 + 32, (0, 16, 48): 16 + 32}
 
 
 @pytest.mark.parametrize(

@@ -28,11 +28,12 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=16, **NPU)
     pyramid = LLMPipeline(tiny_dir, "NPU", prefill_attention="pyramid", **settings)
     static = LLMPipeline(tiny_dir, "NPU", prefill_attention="static", **settings)
-    # auto, with no generate variant at this length: two more models, at 1/3 and 2/3 of the past
+    # auto, with no generate variant at this length: two more models, where a 128-token prompt's
+    # chunks read the fewest slots (see test_lean_rungs_minimise_the_slots_a_full_prompt_reads)
     lean = LLMPipeline(tiny_dir, "NPU", **settings)
     assert pyramid.kv_stats()["prefill_variants"] == [0, 16, 32, 64, 112]
     assert static.kv_stats()["prefill_variants"] == [112]
-    assert lean.kv_stats()["prefill_variants"] == [32, 80, 112]
+    assert lean.kv_stats()["prefill_variants"] == [16, 64, 112]
 
     ids = _ids(90)  # 6 chunks, the first starting at slot 0 (6 pad slots)
     tokens = pyramid.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
@@ -45,7 +46,7 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     assert static.kv_stats()["prefill_pasts_used"] == [112] * 6
     assert tokens == tiny_reference(ids, 12)
     assert lean.generate(ids, max_new_tokens=12, ignore_eos=True).tokens == tokens
-    assert lean.kv_stats()["prefill_pasts_used"] == [32] * 3 + [80] * 3
+    assert lean.kv_stats()["prefill_pasts_used"] == [16] * 2 + [64] * 3 + [112]
 
     # a continuation: its one chunk ends at slot 113, starting off the grid at 97
     longer = np.concatenate([ids, tokens, _ids(5, seed=2)])
@@ -56,12 +57,12 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
 
 
 def test_auto_ladders_hold_two_models_more_than_one_per_phase():
-    """``auto``: where a generate variant is kept (from ~2k prompts), one prefill model more,
-    at half the past; where none is (1k), two, at a third and two thirds of it."""
+    """``auto``: where a generate variant is kept (from ~2k prompts), one prefill model more;
+    where none is (1k), two."""
     for max_len, prefill, generate in (
-        (1024, (256, 512, 768), (1151,)),
-        (2048, (1024, 1792), (1151, 2175)),
-        (4096, (2048, 3840), (1151, 4223)),
+        (1024, (0, 256, 768), (1151,)),
+        (2048, (768, 1792), (1151, 2175)),
+        (4096, (1792, 3840), (1151, 4223)),
         (512, (0, 256), (639,)),
     ):
         config = PipelineConfig.from_kwargs("NPU", max_prompt_len=max_len, prefill_chunk_size=256)
@@ -69,7 +70,28 @@ def test_auto_ladders_hold_two_models_more_than_one_per_phase():
         assert (shapes.prefill_pasts, shapes.generate_pasts) == (prefill, generate), max_len
     # a generate ladder asked for in full leaves the prefill's lean rung as it is
     config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, generate_pyramid="YES")
-    assert StaticShapes.of(config, 4224).prefill_pasts == (2048, 3840)
+    assert StaticShapes.of(config, 4224).prefill_pasts == (1792, 3840)
+
+
+def test_lean_rungs_minimise_the_slots_a_full_prompt_reads():
+    """The lean rungs are the pasts whose chunks read the fewest slots in all, checked against
+    every placement; at 4k / 256 one rung at 7 chunks beats half the past (8) for every prompt
+    length, since each chunk below it reads one chunk less and only the 9th chunk reads more."""
+    from itertools import combinations
+
+    from npuw_kv.model.variants import lean_rungs
+
+    def read(rungs, whole, chunks):  # slots the first ``chunks`` chunks read
+        return sum(min(p for p in (*rungs, whole) if p >= i) for i in range(chunks))
+
+    for whole in range(1, 16):
+        for count in (1, 2):
+            best = lean_rungs(whole, count)
+            assert len(best) == min(count, whole) and list(best) == sorted(set(best))
+            every = [read(r, whole, whole + 1) for r in combinations(range(whole), len(best))]
+            assert read(best, whole, whole + 1) == min(every), (whole, count)
+    assert lean_rungs(15, 1) == (7,)
+    assert all(read((7,), 15, n) < read((8,), 15, n) for n in range(1, 17))
 
 
 def test_accuracy_modes_shape_the_ladders_they_name():
@@ -83,7 +105,7 @@ def test_accuracy_modes_shape_the_ladders_they_name():
         return shapes.prefill_pasts, shapes.generate_pasts
 
     assert ladders("pyramid") == ((0, 256, 512, 1024, 2048, 3072, 3840), (1151, 2175, 4223))
-    assert ladders("exact") == ((2048, 3840), (1151, 4223))
+    assert ladders("exact") == ((1792, 3840), (1151, 4223))
     assert ladders("no-pyramid") == ((3840,), (4223,))
 
 
