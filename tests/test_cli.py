@@ -121,12 +121,12 @@ def test_bench_static_path_reports_chunk_time_by_past(capsys, tmp_path):
     out = capsys.readouterr().out
     (row,) = json.loads(out_json.read_text())
     # 100 tokens in 4 chunks of 32, on the lean ladder's pasts (no generate variant at this
-    # length: a third and two thirds of 96, and 96)
+    # length: two rungs where a full prompt's chunks read the fewest slots, 0 and 32, and 96)
     runs = [(past, n) for past, _, n in row["prefill_ms_by_past"]]
-    assert runs == [(32, 2), (64, 1), (96, 1)]
+    assert runs == [(0, 1), (32, 1), (96, 2)]
     assert all(ms > 0 for _, ms, _ in row["prefill_ms_by_past"])
     line = next(x for x in out.splitlines() if x.startswith("npuw-kv-npu prefill chunk ms by past"))
-    assert "(2), 64: " in line and "(1), 96: " in line and line.endswith("(1)")
+    assert "(1), 32: " in line and "(1), 96: " in line and line.endswith("(2)")
     assert 0 < row["load_rss_mb"] <= row["peak_rss_mb"]
 
 
