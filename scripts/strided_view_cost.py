@@ -60,15 +60,19 @@ def main() -> None:
         variants, phase_layout = ladder.prefill, ladder.prefill_layout
     past, chosen = variants[0]
     capacity = shapes.generate_past
-    if past == capacity:
+    if past in (0, capacity):
+        reads = "no past" if past == 0 else f"the whole buffer ({capacity} slots)"
         raise SystemExit(
-            f"the smallest {args.phase} model reads the whole buffer ({capacity} slots): its "
-            "past is dense either way; raise --max-prompt-len"
+            f"the smallest {args.phase} model reads {reads}: its past is dense either way; "
+            "raise --max-prompt-len"
         )
     device, props = device_properties(core, config, wide)
     request = core.compile_model(chosen, device, props).create_infer_request()
     dense: dict[str, ov.Tensor] = {}
     strided: dict[str, ov.Tensor] = {}
+    # the views' parents stay referenced: NPUW on the CPU corrupted the heap when a past bound
+    # dense was rebound to a view whose parent tensor had been dropped (docs/measurements.md)
+    buffers: list[ov.Tensor] = []
     for port in phase_layout.ports:
         shape = list(request.get_compiled_model().input(port.input_name).get_shape())
         kind = request.get_compiled_model().input(port.input_name).get_element_type()
@@ -76,6 +80,7 @@ def main() -> None:
         whole[port.seq_axis] = capacity
         buffer = ov.Tensor(kind, whole)
         buffer.data[...] = 0.01
+        buffers.append(buffer)
         strided[port.input_name] = ov.Tensor(buffer, [0] * len(shape), shape)
         dense[port.input_name] = ov.Tensor(kind, shape)
         dense[port.input_name].data[...] = 0.01

@@ -192,3 +192,13 @@ def test_strided_view_cost_times_both_bindings() -> None:
     )
     assert "generate model, past 1151 of a 2175-slot buffer" in out, out
     assert re.search(r"round 1: dense [\d.]+ ms, strided [\d.]+ ms a call", out), out
+    # at 1k the smallest prefill rung has no past: nothing strided to time, said so
+    args = ("--phase", "prefill", "--max-prompt-len", "1024", "--calls", "2", "--rounds", "1")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "strided_view_cost.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "reads no past" in proc.stderr, proc.stderr
