@@ -15,10 +15,15 @@ which go back to the OS when freed; the resident set then stays flat.
 oneDNN (inside the CPU plugin) keeps the primitives it builds in a process-wide cache of 1024,
 whether the plugin still uses them or not.  A PagedAttention model builds new ones for each new
 prompt length, so with the plugin's own cache kept small (``runtime/device.py``) oneDNN's
-held what it dropped: +11 % RSS over 80 prompts of varied length, still rising; without it
-flat, at no speed cost we could measure.  oneDNN reads its size from the environment once, when
-it builds its first primitive, which loading a tokenizer already does: hence it is set when this
-module is imported, unless the user set it.
+held what it dropped: +11 % RSS over 80 prompts of varied length, still rising.  No cache at
+all kept that flat, but NPUW on the CPU then JIT-compiled a reorder kernel for every strided
+KV view (a past ``[0, P)`` of the shared buffer, a present slot) on every call: ~120
+``mmap``/``munmap`` pairs a prefill chunk, 4k TTFT +14 % and decode +20 %
+(docs/measurements.md, "oneDNN's primitive cache").  A cache of ``PRIMITIVE_CACHE_CAPACITY``
+holds what both paths reuse: the paged path stays flat (+3 MB) and the NPU path builds nothing
+per call.  oneDNN reads its size from the environment once, when it builds its first
+primitive, which loading a tokenizer already does: hence it is set when this module is
+imported, unless the user set it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 M_MMAP_THRESHOLD = -3  # mallopt parameter number in glibc's <malloc.h>
 MMAP_THRESHOLD = 256 * 1024
 PRIMITIVE_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+PRIMITIVE_CACHE_CAPACITY = 32  # primitives: 8 already rebuilt some on the NPU path (module doc)
 
 
 @functools.cache
@@ -75,12 +81,11 @@ def release_free_heap() -> bool:
     return bool(trim(0)) if trim is not None else False
 
 
-def limit_primitive_cache(capacity: int = 0) -> bool:
-    """Size oneDNN's process-wide primitive cache (0: none), unless the user already did.
+def limit_primitive_cache(capacity: int = PRIMITIVE_CACHE_CAPACITY) -> bool:
+    """Size oneDNN's process-wide primitive cache, unless the user already did.
 
-    Takes effect only before oneDNN builds its first primitive in the process.  With no cache,
-    the CPU plugin's own per-model cache still shares primitives between layers and calls.
-    Returns True if the size was set.
+    Takes effect only before oneDNN builds its first primitive in the process.  Returns True
+    if the size was set.
     """
     if any(name in os.environ for name in PRIMITIVE_CACHE_ENV):
         return False
