@@ -153,6 +153,35 @@ def test_embedding_and_head_compiled_once(tiny_dir):
     np.testing.assert_allclose(a.first_logits, b.first_logits, atol=1e-4)
 
 
+class _Counted:
+    """An infer request that counts its calls."""
+
+    def __init__(self, request) -> None:
+        self.request, self.calls = request, 0
+
+    def infer(self, *args, **kwargs):
+        self.calls += 1
+        return self.request.infer(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.request, name)
+
+
+def test_prefill_runs_the_head_only_where_logits_are_read(tiny_dir):
+    """The LM head (cut out of the static models) runs once a prompt, for its last chunk,
+    unless a chunk hook reads every chunk's logits."""
+    settings = dict(prefill_chunk_size=C, max_prompt_len=64, min_response_len=16, **NPU)
+    runner = LLMPipeline(tiny_dir, "NPU", prefix_reuse=False, **settings).runner
+    head = runner.requests.head = _Counted(runner.requests.head)
+    ids = _ids(50)  # 4 chunks
+    last = runner.prefill(ids)
+    assert head.calls == 1
+    seen: list[int] = []
+    hooked = runner.prefill(ids, on_chunk=lambda positions, logits: seen.append(len(logits)))
+    assert head.calls == 1 + 4 and seen == [1, 1, 1, 1]
+    np.testing.assert_array_equal(last, hooked)
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

@@ -176,7 +176,9 @@ class StaticRunner(Runner):
     def host_bytes_copied(self) -> int:
         return self.copied.bytes
 
-    def _infer(self, variant: BoundModel, inputs: StepInputs) -> np.ndarray:
+    def _infer(self, variant: BoundModel, inputs: StepInputs, logits: bool = True) -> np.ndarray:
+        """Run one step; its logits rows, or none (``[0, 0]``) when ``logits`` is False and the
+        LM head is cut out (a prefill chunk before the last: its head call would be waste)."""
         request, requests = variant.request, self.requests
         ids = ov.Tensor(inputs.input_ids)
         if requests.embed is not None:  # the embedding runs on its own (model/split.py)
@@ -195,6 +197,8 @@ class StaticRunner(Runner):
         variant.binding.after(inputs.write_slots)
         out = request.get_output_tensor(self.layout.logits_output_index)
         if requests.head is not None:  # the last position's hidden state -> logits
+            if not logits:
+                return np.empty((0, 0), np.float32)
             requests.head.set_input_tensor(out)
             requests.head.infer()
             out = requests.head.get_output_tensor(0)
@@ -268,6 +272,7 @@ class StaticRunner(Runner):
         for bound in self.prefill_variants + self.generate_variants:
             bound.binding.reset()
         logits = np.empty((1, 0), np.float32)
+        last = plan.num_chunks - 1
         self.prefill_pasts_used = []
         self.prefill_chunk_ms = []
         for k in range(plan.num_chunks):
@@ -278,7 +283,7 @@ class StaticRunner(Runner):
             inputs = prefill_inputs(ids, plan, k, past)
             binding.before(inputs.write_slots, inputs.write_slots[0])
             started = time.perf_counter()
-            logits = self._infer(variant, inputs)
+            logits = self._infer(variant, inputs, on_chunk is not None or k == last)
             self.prefill_chunk_ms.append((time.perf_counter() - started) * 1e3)
             if on_chunk is not None:
                 positions = inputs.position_ids[0, -logits.shape[0] :]
