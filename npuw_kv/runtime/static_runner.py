@@ -176,8 +176,10 @@ class StaticRunner(Runner):
     def host_bytes_copied(self) -> int:
         return self.copied.bytes
 
-    def _infer(self, variant: BoundModel, inputs: StepInputs, logits: bool = True) -> np.ndarray:
-        """Run one step; its logits rows, or none (``[0, 0]``) when ``logits`` is False and the
+    def _infer(
+        self, variant: BoundModel, inputs: StepInputs, want_logits: bool = True
+    ) -> np.ndarray:
+        """Run one step; its logits rows, or none (``[0, 0]``) when ``want_logits`` is False and the
         LM head is cut out (a prefill chunk before the last: its head call would be waste)."""
         request, requests = variant.request, self.requests
         ids = ov.Tensor(inputs.input_ids)
@@ -197,7 +199,7 @@ class StaticRunner(Runner):
         variant.binding.after(inputs.write_slots)
         out = request.get_output_tensor(self.layout.logits_output_index)
         if requests.head is not None:  # the last position's hidden state -> logits
-            if not logits:
+            if not want_logits:
                 return np.empty((0, 0), np.float32)
             requests.head.set_input_tensor(out)
             requests.head.infer()
