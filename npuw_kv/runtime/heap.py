@@ -18,7 +18,7 @@ prompt length, so with the plugin's own cache kept small (``runtime/device.py``)
 held what it dropped: +11 % RSS over 80 prompts of varied length, still rising.  No cache at
 all kept that flat, but NPUW on the CPU then JIT-compiled a reorder kernel for every strided
 KV view (a past ``[0, P)`` of the shared buffer, a present slot) on every call: ~120
-``mmap``/``munmap`` pairs a prefill chunk, decode 1.2-1.45x and 4k TTFT 1.07-1.10x slower
+``mmap``/``munmap`` pairs a prefill chunk, decode 1.18-1.45x and 4k TTFT 1.07-1.10x slower
 (docs/measurements.md, "oneDNN's primitive cache").  A cache of ``PRIMITIVE_CACHE_CAPACITY``
 holds what both paths reuse: the paged path stays flat (+3 MB) and the NPU path builds nothing
 per call.  oneDNN reads its size from the environment once, when it builds its first
