@@ -98,13 +98,6 @@ def _fresh(code: str, *args: str, **env: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_importing_the_pipeline_sizes_onednn_cache_unless_the_user_did() -> None:
-    read = f"import os, npuw_kv.pipeline; print(os.environ.get('{_CACHE_ENV}'))"
-    assert PRIMITIVE_CACHE_CAPACITY > 0  # none at all rebuilds kernels on every NPU call
-    assert _fresh(read) == str(PRIMITIVE_CACHE_CAPACITY)
-    assert _fresh(read, **{_CACHE_ENV: "7"}) == "7"
-
-
 _TOKENIZER_SEES = f"""
 import os, sys
 import openvino_genai
