@@ -1,5 +1,4 @@
-"""The process heap: free pages go back to the OS, large blocks get their own mappings, and
-oneDNN keeps the kernels the NPU path reuses."""
+"""The glibc heap: free pages go back to the OS, large blocks get their own mappings."""
 
 from __future__ import annotations
 
@@ -10,13 +9,7 @@ import sys
 
 import pytest
 
-from npuw_kv.runtime.heap import (
-    MMAP_THRESHOLD,
-    PRIMITIVE_CACHE_CAPACITY,
-    PRIMITIVE_CACHE_ENV,
-    _malloc_trim,
-    release_free_heap,
-)
+from npuw_kv.runtime.heap import MMAP_THRESHOLD, _malloc_trim, release_free_heap
 
 BLOCK, COUNT = 4096, 16384  # 64 MB in blocks well below glibc's mmap threshold
 
@@ -83,70 +76,3 @@ def test_fixed_mmap_threshold_keeps_mid_size_blocks_out_of_the_heap() -> None:
     assert _probe("fix") == "True 1"  # its own mapping, unmapped again on free
     # a threshold the user set through glibc's own variable wins
     assert _probe("fix", MALLOC_MMAP_THRESHOLD_="1048576") == "False 0"
-
-
-# oneDNN's process-wide primitive cache (runtime/heap.py): each check runs in a fresh process,
-# since oneDNN reads its size once and this one's is set already.
-_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-
-
-def _fresh(code: str, *args: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k not in PRIMITIVE_CACHE_ENV}
-    run = [sys.executable, "-c", code, *args]
-    done = subprocess.run(run, env={**environ, **env}, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
-_TOKENIZER_SEES = f"""
-import os, sys
-import openvino_genai
-from npuw_kv import bench_worker
-
-class Stop(Exception):
-    pass
-
-class Tokenizer:  # records the cache size oneDNN would read when the tokenizer loads
-    def __init__(self, *args, **kwargs):
-        print(os.environ.get("{_CACHE_ENV}"))
-        raise Stop
-
-openvino_genai.Tokenizer = Tokenizer
-try:
-    bench_worker.measure(sys.argv[1], sys.argv[2], 8, 1, 1, {{}})
-except Stop:
-    pass
-"""
-
-
-def test_bench_runs_our_pipeline_with_its_own_onednn_cache(smol_dir) -> None:
-    """The bench loads the tokenizer first, which builds oneDNN's first primitive: our
-    runtimes must have set the cache size by then (they measured oneDNN's 1024 before), and
-    the peers keep oneDNN's own."""
-    assert _fresh(_TOKENIZER_SEES, "npuw-kv-npu", str(smol_dir)) == str(PRIMITIVE_CACHE_CAPACITY)
-    assert _fresh(_TOKENIZER_SEES, "npuw-llm", str(smol_dir)) == "None"
-
-
-_FAULTS_PER_STEP = """
-import resource, sys
-import numpy as np
-from npuw_kv import LLMPipeline
-
-runner = LLMPipeline(sys.argv[1], "NPU", max_prompt_len=512, min_response_len=64).runner
-runner.prefill(np.arange(100, 400))
-for token in range(3):  # first calls allocate
-    runner.step(100 + token)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for token in range(20):
-    runner.step(200 + token)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
-"""
-
-
-@pytest.mark.device_defaults
-def test_npu_generate_steps_build_no_kernels_per_call(smol_dir) -> None:
-    """Without oneDNN's cache, NPUW on the CPU JIT-compiles a reorder for each strided KV view
-    on every call (fresh code pages: ~68 minor faults a step here, ~8 with it)."""
-    ours = float(_fresh(_FAULTS_PER_STEP, str(smol_dir)))
-    none = float(_fresh(_FAULTS_PER_STEP, str(smol_dir), **{_CACHE_ENV: "0"}))
-    assert ours <= 0.5 * none, f"{ours} page faults a step, {none} with no primitive cache"
