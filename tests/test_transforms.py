@@ -71,6 +71,50 @@ def test_kv_precision_f16(smol_model):
     assert model.outputs[layout.ports[7].output_index].get_element_type() == ov.Type.f16
 
 
+def test_f16_kv_is_joined_before_the_upcast(smol_dir, monkeypatch):
+    """Each f16 past meets the chunk's new KV in an f16 Concat, upcast once after it (no f32
+    copy of the past alone), and the logits and new KV are those of upcasting the past first."""
+    core = ov.Core()
+    model, layout = prepare(read_ir(core, smol_dir), kv_precision="f16")
+    for port in layout.ports:
+        param = T._param(model, port.input_name)
+        readers = [i.get_node() for i in param.output(0).get_target_inputs()]
+        joins = [n for n in readers if n.get_type_name() != "ShapeOf"]
+        assert [n.get_type_name() for n in joins] == ["Concat"], port.input_name
+        assert joins[0].get_output_element_type(0) == ov.Type.f16
+        after = [i.get_node() for i in joins[0].output(0).get_target_inputs()]
+        assert [n.get_type_name() for n in after] == ["Convert"]
+        assert after[0].get_output_element_type(0) == ov.Type.f32
+
+    monkeypatch.setattr(T, "_join_stored", lambda *args: None)
+    upcast_first, _ = prepare(read_ir(core, smol_dir), kv_precision="f16")
+    assert (
+        sum(
+            op.get_type_name() == "Concat" and op.get_output_element_type(0) == ov.Type.f16
+            for op in upcast_first.get_ops()
+        )
+        == 0
+    )
+    rng = np.random.default_rng(3)
+    feed = {
+        "input_ids": np.array([[42, 7, 901, 13]], np.int64),
+        "position_ids": np.arange(10, 14, dtype=np.int64)[None],
+        "attention_mask": np.ones((1, 14), np.int64),
+        "beam_idx": np.zeros(1, np.int32),
+    }
+    for port in layout.ports:
+        feed[port.input_name] = rng.normal(0, 1, (1, 3, 10, 64)).astype(np.float16)
+    outputs = []
+    for m in (model, upcast_first):
+        request = core.compile_model(m, "CPU", dict(EXACT_F32)).create_infer_request()
+        names = {i.get_any_name() for i in m.inputs}
+        request.infer({k: v for k, v in feed.items() if k in names})
+        outputs.append([request.get_output_tensor(i).data.copy() for i in range(len(m.outputs))])
+    for joined, first in zip(*outputs, strict=True):
+        np.testing.assert_array_equal(joined, first)
+    assert np.abs(outputs[0][layout.logits_output_index]).max() > 1.0
+
+
 def test_non_llm_graphs_are_rejected():
     x = ops.parameter([1, 4], np.float32, name="x")
     plain = ov.Model([ops.relu(x)], [x])

@@ -64,10 +64,13 @@ def test_rewrite_gives_every_model_a_heads_dim_seq_v(smol_dir):
             for op in ops_
             if op.get_type_name() == "MatMul"
             and op.get_attributes()["transpose_b"]
-            and op.input_value(1).get_node().get_type_name() == "Concat"
-            and op.input_value(1).get_node().get_axis() == 3
+            and op.input_value(0).get_node().get_type_name() == "Softmax"
+            and op.input_value(1).get_node().get_type_name() == "Convert"
         ]
-        assert len(by_v) == 30  # one per layer: softmax x V^T
+        joins = [op.input_value(1).get_node().input_value(0).get_node() for op in by_v]
+        assert len(joins) == 30  # one per layer: softmax x V^T, V joined in f16, then upcast
+        assert all(j.get_type_name() == "Concat" and j.get_axis() == 3 for j in joins)
+        assert all(j.get_output_element_type(0) == ov.Type.f16 for j in joins)
     # the prepared model itself is left as it was (the ladder transposes clones)
     shape = {i.get_any_name(): i.get_partial_shape() for i in model.inputs}
     assert shape["past_key_values.0.value"][3].get_length() == 64

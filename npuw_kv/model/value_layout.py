@@ -17,7 +17,8 @@ along S).  The rewrite here is that one, on our prepared graph:
 The graph is matched first and changed only when every V port matches, so a model the rewrite
 does not know is left as it was and :class:`ValueLayoutMismatch` says why; the caller then
 keeps V untransposed for that model (and says so), or refuses.  It runs on a prepared model
-(after ``set_kv_precision`` too: the Converts around the KV are followed).
+(after ``set_kv_precision`` too: the Converts around the KV are followed, before the Concat or
+after it).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class _Match:
     attentions: list[ov.Node] = field(default_factory=list)
     # (attention, the GQA chain's Reshape before it) where V is still expanded per query head
     expanded: list[tuple[ov.Node, ov.Node]] = field(default_factory=list)
+    upcast: ov.Node | None = None  # the Convert after a Concat in the stored KV type
 
 
 def _param(model: ov.Model, name: str) -> ov.Node:
@@ -123,13 +125,18 @@ def _match(model: ov.Model, port: KVPort) -> _Match:
     if found is None:
         raise ValueLayoutMismatch(f"{name}: the past V feeds no Concat")
     found.shape_ofs = shape_ofs
-    for target in found.concat.output(0).get_target_inputs():
+    joined = found.concat.output(0)
+    targets = list(joined.get_target_inputs())
+    if len(targets) == 1 and targets[0].get_node().get_type_name() == "Convert":
+        found.upcast = targets[0].get_node()  # joined in the stored type (set_kv_precision)
+        joined = found.upcast.output(0)
+    for target in joined.get_target_inputs():
         node = target.get_node()
         if node.get_type_name() == _SDPA and target.get_index() == 2:
             _check_attention(node, name)
             found.attentions.append(node)
             continue
-        reshape = _gqa_chain_end(found.concat.output(0))
+        reshape = _gqa_chain_end(joined)
         readers = list(reshape.output(0).get_target_inputs()) if reshape is not None else []
         if reshape is None or not readers:
             raise ValueLayoutMismatch(f"{name}: V reaches a {node.get_type_name()}, not attention")
@@ -213,11 +220,14 @@ def _rewrite(model: ov.Model, match: _Match) -> None:
     result = model.outputs[match.port.output_index].get_node()
     present = result.input_value(0)
     result.input(0).replace_source_output(new_t if present == new else _swap(present))
+    values = joined.output(0)
+    if match.upcast is not None:
+        values = ops.convert(values, match.upcast.get_destination_type()).output(0)
     for attention in match.attentions:
-        out = _attend(attention, joined.output(0))
+        out = _attend(attention, values)
         attention.output(0).replace(out)
     for attention, _ in match.expanded:
-        out = _attend(attention, _expand_heads(joined.output(0), attention))
+        out = _attend(attention, _expand_heads(values, attention))
         attention.output(0).replace(out)
 
 
