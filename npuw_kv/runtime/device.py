@@ -103,13 +103,13 @@ def resolve_kv_precision(
 ) -> str:
     """``auto``: store KV in the precision the device computes it in.
 
-    On a real NPU that is f16 (the NPU computes in f16, and NPUW's own LLM pipeline stores its
-    KV so), except where our settings keep NPUW's tensors f32: under an f32 precision hint and
-    for models whose activations leave the f16 range (``wide_activations``).  With NPUW running
-    its sub-models on the CPU it is f32: there each f16 static model loads ~10 MB more (most
-    likely its past converted back to f32), so f16 KV traded memory per model for KV bytes
-    (SmolLM2 fp16, lean ladders: 4k peak 1077 -> 1011 MB and TTFT -6 %, but 1k peak 878 -> 902
-    MB; docs/measurements.md).
+    On NPU that is f16, as NPUW's own LLM pipeline stores it (a real NPU computes in f16),
+    except where our settings keep NPUW's tensors f32: under an f32 precision hint and for
+    models whose activations leave the f16 range (``wide_activations``).  With NPUW running its
+    sub-models on the CPU too: since the f16 past and the new KV are joined before the upcast
+    (``transforms._join_stored``), an f16 model no longer holds an f32 copy of its past, so
+    f16 KV costs less memory than f32 at 1k as well as at 4k (SmolLM2 fp16, lean ladders: peak
+    871 -> 850 MB at 1k, 1072 -> 968 MB at 4k, where TTFT fell 0.93-0.95x; docs/measurements.md).
 
     The CPU plugin with a bf16 (or f16) inference precision produces K/V in that type and
     converts them to f32 only at the output, and converts f32 inputs back on every step; storing
@@ -128,10 +128,7 @@ def resolve_kv_precision(
     if config.kv_precision != "auto":
         return config.kv_precision
     if config.device == "NPU":
-        real_npu = on_real_npu(npuw_devices(core, config))
-        return (
-            "f16" if real_npu and _npuw_f16_between_subgraphs(config, wide_activations) else "f32"
-        )
+        return "f16" if _npuw_f16_between_subgraphs(config, wide_activations) else "f32"
     return compute_precision(core, config)
 
 
