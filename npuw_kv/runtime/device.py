@@ -109,7 +109,7 @@ def resolve_kv_precision(
     sub-models on the CPU too: since the f16 past and the new KV are joined before the upcast
     (``transforms._join_stored``), an f16 model no longer holds an f32 copy of its past, so
     f16 KV costs less memory than f32 at 1k as well as at 4k (SmolLM2 fp16, lean ladders: peak
-    871 -> 850 MB at 1k, 1072 -> 968 MB at 4k, where TTFT fell 0.93-0.95x; docs/measurements.md).
+    871 -> 850 MB at 1k, 1072 -> 968 MB at 4k, where TTFT fell 0.94-0.95x; docs/measurements.md).
     Nor does it cost accuracy there: with NPUW's f16 tensors between sub-graphs the new K/V
     reach the cache already rounded to f16 (identical device-default rows, docs/accuracy.md).
 
