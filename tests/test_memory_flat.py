@@ -102,7 +102,7 @@ def test_users_onednn_cache_size_is_kept(name: str) -> None:
 
 # The bench and the NPU path with oneDNN's primitive cache; as above, each in a fresh process,
 # since oneDNN reads its size once.
-_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+_CACHE_ENV = PRIMITIVE_CACHE_ENV[0]  # the name oneDNN reads first
 
 
 _TOKENIZER_SEES = f"""
