@@ -27,6 +27,7 @@ SMOKED = {
     "fuzz_blocks.py",
     "kv_buffer_scenarios.py",
     "memory_stages.py",
+    "model_fixed_cost.py",
     "soak.py",
     "strided_view_cost.py",
 }
@@ -202,3 +203,12 @@ def test_strided_view_cost_times_both_bindings() -> None:
         timeout=120,
     )
     assert proc.returncode == 1 and "reads no past" in proc.stderr, proc.stderr
+
+
+def test_model_fixed_cost_measures_both_parts() -> None:
+    out = script("model_fixed_cost.py", "cpu", "--layers", "1", "--compiles", "2")
+    assert re.search(r"^1 MLP layers, f16 weight inputs [\d.]+ MB", out, re.M), out
+    assert len(re.findall(r"^compile \d: \+[\d.]+ MB, first call \+[\d.]+ MB$", out, re.M)) == 2
+    out = script("model_fixed_cost.py", "npuw", "--max-prompt-len", "512", "--models", "1")
+    rows = re.findall(r"^(prefill|generate) past \d+: compile \+[\d.]+ request", out, re.M)
+    assert rows == ["prefill", "generate"], out
