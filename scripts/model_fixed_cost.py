@@ -1,12 +1,13 @@
 """Probe: the memory each further static model costs on the NPU path, and where it goes.
 
 Every rung of a ladder is one more NPUW compiled model.  With the weights in one bank it still
-costs ~30 MB here, whatever its shapes.  ``npuw`` compiles the real ladder's models one after
-another (as the pipeline does: one bank) and prints the resident-set growth of each compile,
-its request and its first call.  ``cpu`` shows the likely cause on the CPU plugin alone: a model
-whose weights are f16 *inputs* (as NPUW passes folded weights to its functions) gets an input
-buffer of its own for each of them at compile, although the caller binds its own tensors
-zero-copy; the growth per compile is printed against the f16 bytes of those inputs.
+costs tens of MB here: 10-17 MB at compile whatever its shapes, then its first call's buffers.
+``npuw`` compiles the real ladder's models one after another (as the pipeline does: one bank)
+and prints the resident-set growth of each compile, its request and its first call.  ``cpu``
+shows the likely cause on the CPU plugin alone: a model whose weights are f16 *inputs* (as NPUW
+passes folded weights to its functions) gets an input buffer of its own for each of them at
+compile, although the caller binds its own tensors zero-copy; the growth per compile is printed
+against the f16 bytes of those inputs.
 
     python scripts/model_fixed_cost.py npuw --model /tmp/smol-opt --max-prompt-len 4096
     python scripts/model_fixed_cost.py npuw -m /tmp/smol-opt -p NPUW_CWAI=YES
@@ -42,6 +43,22 @@ def zeros(port: ov.Output) -> ov.Tensor:
     return ov.Tensor(data)
 
 
+def compile_and_call(
+    core: ov.Core, model: ov.Model, device: str, props: dict, inputs: list[ov.Tensor]
+) -> tuple[list[object], float, float, float]:
+    """Compile ``model``, bind ``inputs`` zero-copy and run it once; the compiled model and its
+    request (to keep them alive) and the MB the compile, the request and the first call added."""
+    before = rss_mb()
+    compiled = core.compile_model(model, device, props)
+    compiled_at = rss_mb()
+    request = compiled.create_infer_request()
+    requested = rss_mb()
+    for k, tensor in enumerate(inputs):
+        request.set_input_tensor(k, tensor)
+    request.infer()
+    return [compiled, request], compiled_at - before, requested - compiled_at, rss_mb() - requested
+
+
 def npuw_ladder(args: argparse.Namespace) -> None:
     core = ov.Core()
     config = PipelineConfig.from_kwargs(
@@ -65,18 +82,11 @@ def npuw_ladder(args: argparse.Namespace) -> None:
     print(f"{device} {props.get('NPUW_DEVICES', '')}, KV {precision}; MB of resident set:")
     for phase, past, m in models:
         inputs = [zeros(port) for port in m.inputs]  # ours, before the model's are counted
-        before = rss_mb()
-        compiled = core.compile_model(m, device, props)
-        compiled_at = rss_mb()
-        request = compiled.create_infer_request()
-        requested = rss_mb()
-        for k, tensor in enumerate(inputs):
-            request.set_input_tensor(k, tensor)
-        request.infer()
-        held.append((compiled, request))
+        kept, compile_mb, request_mb, call_mb = compile_and_call(core, m, device, props, inputs)
+        held.append(kept)
         print(
-            f"{phase} past {past}: compile +{compiled_at - before:.1f} request "
-            f"+{requested - compiled_at:.1f} first call +{rss_mb() - requested:.1f}"
+            f"{phase} past {past}: compile +{compile_mb:.1f} request +{request_mb:.1f} "
+            f"first call +{call_mb:.1f}"
         )
     print("(the first model also builds the weights bank)")
 
@@ -106,18 +116,9 @@ def cpu_inputs(args: argparse.Namespace) -> None:
     held = []
     for i in range(args.compiles):
         model = mlp_layers(args.layers, args.tokens)
-        before = rss_mb()
-        compiled = core.compile_model(model, "CPU")
-        compiled_at = rss_mb()
-        request = compiled.create_infer_request()
-        for k, tensor in enumerate(tensors):
-            request.set_input_tensor(k, tensor)
-        request.infer()
-        held.append((compiled, request))
-        print(
-            f"compile {i + 1}: +{compiled_at - before:.1f} MB, first call "
-            f"+{rss_mb() - compiled_at:.1f} MB"
-        )
+        kept, compile_mb, request_mb, call_mb = compile_and_call(core, model, "CPU", {}, tensors)
+        held.append(kept)
+        print(f"compile {i + 1}: +{compile_mb:.1f} MB, first call +{request_mb + call_mb:.1f} MB")
     print("(the first compile also loads the plugin's code)")
 
 
