@@ -22,6 +22,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from npuw_kv.bench_worker import status_mb
 from npuw_kv.config import PipelineConfig
 from npuw_kv.model.source import resolve_model, wide_activations
 from npuw_kv.model.split import split_model
@@ -30,9 +31,10 @@ from npuw_kv.runtime.device import device_properties, resolve_kv_precision
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        line = next(x for x in status if x.startswith("VmRSS"))
-    return int(line.split()[1]) / 1024
+    mb = status_mb("VmRSS")
+    if mb is None:
+        raise SystemExit("this probe reads /proc/self/status (Linux only)")
+    return mb
 
 
 def zeros(port: ov.Output) -> ov.Tensor:
