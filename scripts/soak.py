@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -132,9 +133,7 @@ def run_chat(pipe: Any, turns: int, log: Log) -> None:
         pipe.fit_chat_history(message)
         log.add(
             measure(
-                pipe,
-                i,
-                lambda m=message: pipe.generate(m, max_new_tokens=24, repetition_penalty=1.1),
+                pipe, i, partial(pipe.generate, message, max_new_tokens=24, repetition_penalty=1.1)
             )
         )
     pipe.finish_chat()
@@ -150,9 +149,7 @@ def run_varied(pipe: Any, calls: int, max_len: int, seed: int, log: Log) -> None
         n = int(rng.integers(20, max_len + 1))
         start = int(rng.integers(0, text.size - n))
         ids = text[start : start + n]
-        log.add(
-            measure(pipe, i, lambda ids=ids: pipe.generate(ids, max_new_tokens=8, ignore_eos=True))
-        )
+        log.add(measure(pipe, i, partial(pipe.generate, ids, max_new_tokens=8, ignore_eos=True)))
 
 
 def cold_ttft(pipe: Any, tokens: int, repeats: int = 3) -> float:

@@ -15,12 +15,20 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, capture_output=True, text=True)
 
 
+CODE = ("npuw_kv", "tests", "scripts", "models")
+
+
 def test_ruff_clean():
     result = run("ruff", "check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_ruff_formatted():
+    result = run("ruff", "format", "--check", *CODE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.slow(seconds=60)
 def test_mypy_clean():
-    result = run("mypy", "npuw_kv")
+    result = run("mypy", *(d for d in CODE if d != "tests"))
     assert result.returncode == 0, result.stdout + result.stderr
