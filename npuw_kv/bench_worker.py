@@ -24,6 +24,7 @@ RUNTIMES = (
     "genai-sdpa",
     "npuw-llm",
     "npuw-llm-pyramid",
+    "npuw-llm-static",
 )
 # our runtimes' settings beyond the device (a setting given with -p wins)
 _OUR_PRESETS: dict[str, dict[str, Any]] = {
@@ -32,8 +33,19 @@ _OUR_PRESETS: dict[str, dict[str, Any]] = {
     "npuw-kv-npu-static": {"prefill_attention": "static", "generate_pyramid": False},
 }
 DEFAULT_CHUNK = PipelineConfig().prefill_chunk_size  # ours, and what npuw-llm is given
-# NPUW's own LLM pipeline with its pyramid prefill and generate variants
-_NPUW_PYRAMID = {"NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID", "NPUW_LLM_GENERATE_PYRAMID": "YES"}
+# NPUW's own LLM pipeline: its defaults (in OpenVINO 2026.4.1 already pyramid prefill and
+# generate variants), those two by name, or its static path (npuw-kv-npu-static's counterpart)
+_NPUW_PRESETS: dict[str, dict[str, str]] = {
+    "npuw-llm": {},
+    "npuw-llm-pyramid": {
+        "NPUW_LLM_PREFILL_ATTENTION_HINT": "PYRAMID",
+        "NPUW_LLM_GENERATE_PYRAMID": "YES",
+    },
+    "npuw-llm-static": {
+        "NPUW_LLM_PREFILL_ATTENTION_HINT": "STATIC",
+        "NPUW_LLM_GENERATE_PYRAMID": "NO",
+    },
+}
 
 
 def _peak_rss_mb() -> float:
@@ -99,9 +111,8 @@ def genai_pipeline(
         )
     if runtime == "genai-sdpa":
         return openvino_genai.LLMPipeline(str(model_dir), "CPU", ATTENTION_BACKEND="SDPA", **props)
-    if runtime in ("npuw-llm", "npuw-llm-pyramid"):
-        if runtime == "npuw-llm-pyramid":
-            props = {**_NPUW_PYRAMID, **props}
+    if runtime in _NPUW_PRESETS:
+        props = {**_NPUW_PRESETS[runtime], **props}
         return openvino_genai.LLMPipeline(
             str(model_dir),
             "NPU",

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from . import cli_io
+from .bench_worker import RUNTIMES
 from .cli_args import model_args, pipeline_kwargs, text_args, zero_points_arg
 from .cli_chat import chat_session
 
@@ -203,8 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--runtimes",
         default=None,
-        help="comma list of npuw-kv, npuw-kv-sdpa, npuw-kv-npu, genai-cpu, genai-sdpa, npuw-llm "
-        "(default: npuw-kv for --device, and genai-cpu)",
+        help=f"comma list of {', '.join(RUNTIMES)} (default: npuw-kv for --device, and genai-cpu)",
     )
     bench.add_argument("--json", default=None, help="also write the results to this file")
     bench.set_defaults(func=cmd_bench, check=functools.partial(_check_bench, bench))

@@ -300,5 +300,14 @@ def test_bench_chunk_reaches_npuw_llm_as_well_as_ours(monkeypatch):
     monkeypatch.setattr(openvino_genai, "LLMPipeline", lambda *a, **kw: built.append(kw))
     genai_pipeline("npuw-llm-pyramid", "m", {}, 4096, 128, 512)
     genai_pipeline("npuw-llm", "m", {}, 1024, 128)
-    assert [kw["NPUW_LLM_PREFILL_CHUNK_SIZE"] for kw in built] == [512, 256]
+    genai_pipeline("npuw-llm-static", "m", {}, 1024, 128)
+    genai_pipeline("npuw-llm-static", "m", {"NPUW_LLM_GENERATE_PYRAMID": "YES"}, 1024, 128)
+    assert [kw["NPUW_LLM_PREFILL_CHUNK_SIZE"] for kw in built] == [512, 256, 256, 256]
     assert built[0]["NPUW_LLM_PREFILL_ATTENTION_HINT"] == "PYRAMID"
+    # npuw-llm is NPUW's defaults as they are; npuw-llm-static asks for its static path, and a
+    # setting given with -p still wins
+    assert "NPUW_LLM_PREFILL_ATTENTION_HINT" not in built[1]
+    hints = [
+        (kw["NPUW_LLM_PREFILL_ATTENTION_HINT"], kw["NPUW_LLM_GENERATE_PYRAMID"]) for kw in built[2:]
+    ]
+    assert hints == [("STATIC", "NO"), ("STATIC", "YES")]
