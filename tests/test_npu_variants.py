@@ -112,7 +112,9 @@ def test_accuracy_modes_shape_the_ladders_they_name():
 def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
     pipe = LLMPipeline(tiny_dir, "NPU", **settings)
-    assert pipe.kv_stats()["generate_variants"] == [1039, 1551]  # room for 1024 + 16, all
+    # room for 1024 + 16, rounded up to whole chunks (the KV buffer's first block), and all
+    assert pipe.kv_stats()["generate_variants"] == [1040, 1551]
+    assert pipe.runner.cache.first_block == 1040
     # at 4096 + 16 the full ladder has room for 1024, 2048 + 16 and all; auto keeps the first
     for setting, expected in ((None, (1039, 4111)), ("YES", (1039, 2063, 4111))):
         config = PipelineConfig.from_kwargs(
@@ -124,9 +126,9 @@ def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
     assert pipe.generate(short, max_new_tokens=8, ignore_eos=True).tokens == tiny_reference(
         short, 8
     )
-    assert pipe.kv_stats()["generate_past_used"] == 1039
+    assert pipe.kv_stats()["generate_past_used"] == 1040
 
-    # 1020 prompt tokens end at slot 1024: steps write 1024.., crossing 1039 mid-answer
+    # 1020 prompt tokens end at slot 1024: steps write 1024.., crossing 1040 mid-answer
     ids = _ids(1020, seed=3)
     result = pipe.generate(ids, max_new_tokens=24, ignore_eos=True)
     stats = pipe.kv_stats()
@@ -214,3 +216,38 @@ def test_variant_settings_take_npuw_names():
     assert config.compile_properties == {}  # ours: none of them reaches the plugin
     assert PipelineConfig.from_kwargs("NPU").pyramid  # the default
     assert not PipelineConfig.from_kwargs("CPU", prefill_attention="pyramid").pyramid
+
+
+def test_first_kv_block_is_dense_for_the_short_generate_variant(tiny_dir, tiny_reference):
+    """The KV buffer's first block is laid out for the smallest generate variant: it reads a
+    dense tensor (the contiguity guard binds it as it is, so the switch copies nothing), longer
+    models read that block and a view of the rest, and a chunk crossing the edge is staged."""
+    settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
+    guarded = LLMPipeline(tiny_dir, "NPU", kv_binding="contiguous", **settings)
+    runner = guarded.runner
+    assert runner.cache.first_block == 1040
+    short, whole = runner.generate_variants
+    assert (short.past, whole.past) == (1040, 1551)
+    # the short variant's past is the first block, dense; the whole model's its two blocks
+    assert set(short.binding.past_paths.values()) == {"direct"}
+    assert set(whole.binding.past_paths.values()) == {"direct"}
+    # a prefill model past the edge reads [1040, past) of the second block: strided, staged
+    longest = runner.prefill_variants[-1]
+    assert longest.past > 1040 and set(longest.binding.past_paths.values()) == {"staged"}
+
+    ids = _ids(1000, seed=5)  # slots [8, 1008): the answer runs on the short variant
+    result = guarded.generate(ids, max_new_tokens=8, ignore_eos=True)
+    stats = guarded.kv_stats()
+    assert stats["generate_past_used"] == 1040
+    assert stats["switch_host_bytes_copied"] == 0
+    assert result.tokens == tiny_reference(ids, 8)
+
+    # a continuation whose chunks end at slot 1050, so one runs over [1034, 1050): across the
+    # edge, its new rows are staged and copied into the two blocks
+    pipe = LLMPipeline(tiny_dir, "NPU", **settings)
+    first = pipe.generate(ids, max_new_tokens=8, ignore_eos=True)
+    longer = np.concatenate([ids, first.tokens, _ids(34, seed=6)])
+    again = pipe.generate(longer, max_new_tokens=6, ignore_eos=True)
+    stats = pipe.kv_stats()
+    assert stats["reused_tokens"] > 0 and stats["host_bytes_copied"] > 0
+    assert again.tokens == tiny_reference(longer, 6)

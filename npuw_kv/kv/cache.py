@@ -19,6 +19,14 @@ layouts overlap).  ``content_axis`` says which layout the slots hold now.
 A sliding-window layer may keep its KV in a ring (``KVSpec.ring`` slots, see
 :mod:`npuw_kv.model.ring`) instead of the whole capacity: its buffer is that long, and the slots
 the methods take are the ring's own (:mod:`npuw_kv.runtime.rings` maps token slots onto them).
+
+With ``first_block`` a (non-ring) buffer is laid out as two blocks one after the other in the
+same memory: slots ``[0, first_block)`` as a dense ``[1, heads, first_block, head_dim]`` and the
+rest as another.  A model that reads exactly the first block then gets a dense tensor, not a
+strided view (the short generate variant: NPUW on the CPU copies a strided past every step),
+and a longer one takes its past as two inputs, the first block whole and a view of the second
+(``transforms.split_past``).  A slot range that crosses the edge has no single view: take it
+by :meth:`SharedKVCache.segments`.
 """
 
 from __future__ import annotations
@@ -79,26 +87,63 @@ class KVSpec:
 class SharedKVCache:
     """Per-layer K/V buffers of a fixed token capacity, plus the views into them."""
 
-    def __init__(self, specs: list[KVSpec], capacity: int, precision: str = "f32") -> None:
+    def __init__(
+        self,
+        specs: list[KVSpec],
+        capacity: int,
+        precision: str = "f32",
+        first_block: int | None = None,
+    ) -> None:
         if capacity <= 0:
             raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
         if precision not in KV_STORAGE:
             raise ValueError(f"KV precision {precision!r} not in {sorted(KV_STORAGE)}")
+        if first_block is not None and not 0 < first_block < capacity:
+            raise ValueError(f"first KV block of {first_block} slots, capacity {capacity}")
         self.capacity = capacity
         self.precision = precision
+        self.first_block = first_block
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
         self.slots = {s.name: s.ring or capacity for s in specs}  # each buffer's length
         ensure_fits(self.nbytes_for(specs, capacity, precision), f"a KV cache of {capacity} tokens")
-        self.buffers = {s.name: np.zeros(s.shape(self.slots[s.name]), self.dtype) for s in specs}
+        # per buffer its blocks, (first slot, array in the buffer's own layout), in slot order
+        self.blocks = {s.name: self._allocate(s) for s in specs}
         # the layout each buffer's slots hold now (its own, unless a model of the other
         # layout wrote them: see relayout)
         self.content_axis = {s.name: s.seq_axis for s in specs}
-        self._parents = {
-            (name, self.specs[name].seq_axis): self.tensor(buf)
-            for name, buf in self.buffers.items()
-        }
+        self._parents: dict[tuple[str, int, int], ov.Tensor] = {}
+
+    def _allocate(self, spec: KVSpec) -> tuple[tuple[int, np.ndarray], ...]:
+        rows = self.slots[spec.name]
+        if self.first_block is None or spec.ring:
+            return ((0, np.zeros(spec.shape(rows), self.dtype)),)
+        first = self.first_block
+        flat = np.zeros(spec.num_heads * spec.head_dim * rows, self.dtype)
+        cut = spec.num_heads * spec.head_dim * first
+        return (
+            (0, flat[:cut].reshape(spec.shape(first))),
+            (first, flat[cut:].reshape(spec.shape(rows - first))),
+        )
+
+    def segments(self, name: str, start: int, stop: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` cut at the block edges: each piece has a view of its own."""
+        edges = [first for first, _ in self.blocks[name][1:] if start < first < stop]
+        bounds = [start, *edges, stop]
+        return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def _block(self, name: str, start: int, stop: int) -> tuple[int, np.ndarray]:
+        """The block holding slots ``[start, stop)``: its first slot and its array."""
+        self._check(name, start, stop)
+        first, block = next((f, b) for f, b in reversed(self.blocks[name]) if f <= start)
+        rows = block.shape[self.specs[name].seq_axis]
+        if stop > first + rows:
+            raise ValueError(
+                f"KV slots [{start}, {stop}) of {name} cross the edge of its first block "
+                f"({first + rows}): take them by segments()"
+            )
+        return first, block
 
     @staticmethod
     def nbytes_for(specs: list[KVSpec], capacity: int, precision: str) -> int:
@@ -113,13 +158,19 @@ class SharedKVCache:
     def _axis(self, name: str, seq_axis: int | None) -> int:
         return self.specs[name].seq_axis if seq_axis is None else seq_axis
 
+    def _in_axis(self, name: str, block: np.ndarray, axis: int) -> np.ndarray:
+        """``block`` (a contiguous array in the buffer's own layout) laid out along ``axis``."""
+        spec = self.specs[name]
+        if axis == spec.seq_axis:
+            return block
+        return block.reshape(spec.shape(block.shape[spec.seq_axis], axis))
+
     def array(self, name: str, seq_axis: int | None = None) -> np.ndarray:
-        """Buffer ``name`` as laid out along ``seq_axis`` (default: its own): the same memory."""
-        axis = self._axis(name, seq_axis)
-        buffer = self.buffers[name]
-        if axis == self.specs[name].seq_axis:
-            return buffer
-        return buffer.reshape(self.specs[name].shape(self.slots[name], axis))
+        """Buffer ``name`` as laid out along ``seq_axis`` (default: its own): the same memory.
+        A buffer of two blocks has no single array (:meth:`rows` takes a block's slots)."""
+        if len(self.blocks[name]) > 1:
+            raise ValueError(f"{name} is held as two blocks: read it through rows() or view()")
+        return self._in_axis(name, self.blocks[name][0][1], self._axis(name, seq_axis))
 
     def zeros(self, name: str, rows: int, seq_axis: int | None = None) -> np.ndarray:
         """A zeroed host array laid out like ``rows`` slots of buffer ``name`` (staging etc.)."""
@@ -132,8 +183,13 @@ class SharedKVCache:
         return ov.Tensor(array, list(array.shape), self.element_type)
 
     @property
+    def buffers(self) -> dict[str, np.ndarray]:
+        """Each buffer as one array, in its own layout (a cache without a first block)."""
+        return {name: self.array(name) for name in self.blocks}
+
+    @property
     def bytes_allocated(self) -> int:
-        return sum(buf.nbytes for buf in self.buffers.values())
+        return sum(block.nbytes for blocks in self.blocks.values() for _, block in blocks)
 
     def bytes_per_token(self) -> int:
         """KV bytes one token takes in the layers that hold the whole past (a ring's slots are
@@ -143,24 +199,26 @@ class SharedKVCache:
 
     def view(self, name: str, start: int, stop: int, seq_axis: int | None = None) -> ov.Tensor:
         """ROI tensor over token slots ``[start, stop)`` of one buffer (shares its memory),
-        laid out along ``seq_axis`` (default: the buffer's own)."""
-        self._check(name, start, stop)
+        laid out along ``seq_axis`` (default: the buffer's own); within one block."""
+        first, block = self._block(name, start, stop)
         axis = self._axis(name, seq_axis)
-        if (name, axis) not in self._parents:
-            self._parents[name, axis] = self.tensor(self.array(name, axis))
-        parent = self._parents[name, axis]
-        if (start, stop) == (0, self.slots[name]):
-            return parent  # the whole buffer: contiguous, no ROI needed
+        if (name, axis, first) not in self._parents:
+            self._parents[name, axis, first] = self.tensor(self._in_axis(name, block, axis))
+        parent = self._parents[name, axis, first]
+        start, stop = start - first, stop - first
+        if (start, stop) == (0, block.shape[self.specs[name].seq_axis]):
+            return parent  # a whole block: contiguous, no ROI needed
         begin = [0, 0, 0, 0]
         begin[axis] = start
         end = list(self.specs[name].shape(stop, axis))
         return ov.Tensor(parent, ov.Coordinate(begin), ov.Coordinate(end))
 
     def rows(self, name: str, start: int, stop: int, seq_axis: int | None = None) -> np.ndarray:
-        """numpy view of slots ``[start, stop)`` along ``seq_axis`` (strided, no copy)."""
-        self._check(name, start, stop)
+        """numpy view of slots ``[start, stop)`` along ``seq_axis`` (strided, no copy); within
+        one block."""
+        first, block = self._block(name, start, stop)
         axis = self._axis(name, seq_axis)
-        return seq_slice(self.array(name, axis), axis, start, stop)
+        return seq_slice(self._in_axis(name, block, axis), axis, start - first, stop - first)
 
     def token_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Slots ``[start, stop)`` as ``[heads, tokens, head_dim]``, whatever the layout they
@@ -178,7 +236,9 @@ class SharedKVCache:
         self.content_axis[name] = seq_axis
         if src_axis == seq_axis or start >= stop:
             return 0
-        src = self.rows(name, start, stop, src_axis)
-        dst = self.rows(name, start, stop, seq_axis)
-        relayout(dst, src, seq_axis, src_axis, counter)
-        return dst.nbytes
+        moved = 0
+        for a, b in self.segments(name, start, stop):
+            dst = self.rows(name, a, b, seq_axis)
+            relayout(dst, self.rows(name, a, b, src_axis), seq_axis, src_axis, counter)
+            moved += dst.nbytes
+        return moved

@@ -98,8 +98,12 @@ def set_shapes(
     tokens: int | None,
     mask_len: int | None,
     past_len: int | None,
+    split_at: int | None = None,
 ) -> None:
-    """Reshape to batch 1 with the given token / mask / past lengths (None = dynamic)."""
+    """Reshape to batch 1 with the given token / mask / past lengths (None = dynamic).
+
+    ``split_at``: a model whose past was split (:func:`split_past`) reads its first
+    ``split_at`` slots through the past input and the rest through the tail."""
 
     def dim(n: int | None) -> ov.Dimension:
         return ov.Dimension(n) if n is not None else ov.Dimension()
@@ -119,7 +123,13 @@ def set_shapes(
         shapes[EMBEDS_INPUT] = ov.PartialShape([1, dim(tokens), hidden])
     for p in layout.ports:
         ring = layout.ring_of(p.layer)  # a ring's length is the same in every model
-        shapes[p.input_name] = ov.PartialShape(p.shape(dim(past_len) if ring is None else ring))
+        if ring is not None:
+            shapes[p.input_name] = ov.PartialShape(p.shape(ring))
+        elif split_at is not None and past_len is not None:
+            shapes[p.input_name] = ov.PartialShape(p.shape(split_at))
+            shapes[tail_input(p.input_name)] = ov.PartialShape(p.shape(past_len - split_at))
+        else:
+            shapes[p.input_name] = ov.PartialShape(p.shape(dim(past_len)))
     for window, ring in layout.rings:
         keys = None if tokens is None else ring + tokens
         shapes[mask_input(window)] = ov.PartialShape([1, 1, dim(tokens), dim(keys)])

@@ -37,6 +37,8 @@ class StaticShapes:
     lean_pyramid: bool = False
     lean_generate: bool = False
     window_rings: bool = False  # sliding-window layers' KV in rings (model/ring.py)
+    # the KV buffer's first block laid out for the smallest generate variant (see first_block)
+    dense_first_block: bool = False
 
     @classmethod
     def of(cls, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
@@ -110,7 +112,22 @@ class StaticShapes:
             prompt *= 2
         if self.lean_generate:  # the smallest only: short contexts gain most per model
             pasts = pasts[:1]
+        if pasts and self.dense_first_block:  # a whole number of chunks: no chunk straddles it
+            pasts[0] = min(-(-pasts[0] // self.chunk) * self.chunk, self.generate_past - 1)
         return (*pasts, self.generate_past)
+
+    @property
+    def first_block(self) -> int | None:
+        """Slots of the KV buffer's first block (``SharedKVCache.first_block``), or None.
+
+        The smallest generate variant then reads a dense block instead of a strided view of
+        the whole buffer (NPUW on the CPU copies a strided past before every step: ~10 % of a
+        short-context step); longer models take their past as that block and the rest.
+        """
+        pasts = self.generate_pasts
+        if not self.dense_first_block or len(pasts) < 2 or pasts[0] % self.chunk:
+            return None
+        return pasts[0]
 
 
 def lean_rungs(whole: int, count: int) -> tuple[int, ...]:
@@ -215,7 +232,10 @@ def static_ladder(
             base, base_layout = bases[phase]
             for past in pasts:
                 m = base.clone()
-                T.set_shapes(m, base_layout, tokens, past + tokens, past)
+                split = shapes.first_block if past > (shapes.first_block or past) else None
+                if split is not None:
+                    T.split_past(m, base_layout)
+                T.set_shapes(m, base_layout, tokens, past + tokens, past, split)
                 m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
                 models[phase].append((past, m))
     except Exception as exc:

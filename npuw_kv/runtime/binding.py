@@ -32,6 +32,11 @@ stages every transposed-V past but the generate model's whole buffer, and every 
 output.  A port whose axis differs from the buffer's (V transposed in one phase only) gets
 views of the same memory in its own layout (:meth:`SharedKVCache.view`'s ``seq_axis``).
 
+A cache held as two blocks (``SharedKVCache.first_block``): a model whose past ends within the
+first block reads a view of it (the whole block: dense); a longer one has its past split in two
+inputs (``transforms.split_past``), bound to the whole first block and to ``[first_block, past)``
+of the second.  A present write that crosses the edge is staged and copied in two pieces.
+
 A sliding-window layer kept as a ring (``BoundPort.ring``, :mod:`npuw_kv.model.ring`) is read
 whole by every model, as the generate past is (dense: the guard binds it directly), and never
 split or sliced; its outputs go to ring slots ``start mod R``.  A write that would wrap around
@@ -111,7 +116,8 @@ class KVBinding:
         self.outputs_staged = 0
         self._synced = 0
         self._ring_synced = 0  # token slots before this are in the rings' staging
-        self._staging_in: dict[str, np.ndarray] = {}
+        # staged past inputs: input name -> (buffer name, its first slot, the dense array)
+        self._staging_in: dict[str, tuple[str, int, np.ndarray]] = {}
         self._staging_out: dict[str, np.ndarray] = {}
         self._staging_out_tensors: dict[str, ov.Tensor] = {}
         self._scratch: dict[str, ov.Tensor] = {}
@@ -129,26 +135,45 @@ class KVBinding:
             if sliced:
                 other = port.name if target != port.name else tail_input(port.name)
                 request.set_tensor(other, self._empty(port.name))
-            view: ov.Tensor | None = None
-            if views and sliced:  # growing (prefill) or whole (generate), checked above
+            first = cache.first_block
+            if first is not None and not sliced and past_len > first:
+                # a past that runs into the second block: the whole first block, then the rest
+                self._bind_past(port, port.name, 0, first, views)
+                self._bind_past(port, tail_input(port.name), first, past_len, views)
+                both = self._bound_direct(port.name, tail_input(port.name))
+                self.past_paths[port.name] = "direct" if both else "staged"
+            elif views and sliced:  # growing (prefill) or whole (generate), checked above
                 # for the prefill, the chunk's output view [start, start + C) lies in this same
                 # buffer, past the slice the mask sets: the request never reads what it writes
-                view = cache.view(port.name, *whole, axis)
+                self._set_past(port, target, 0, cache.view(port.name, *whole, axis), past_len)
             elif views and past_len == 0:
                 # no past at all: one chunk covers MAX_PROMPT_LEN, or a prefill model of past 0
-                view = self._empty(port.name)
-            elif views:
-                view = cache.view(port.name, 0, past_len, axis)
-            if view is not None and self._direct(view):
-                request.set_tensor(target, view)
-                self.past_paths[port.name] = "direct"
+                self._set_past(port, target, 0, self._empty(port.name))
             else:
-                past = cache.zeros(port.name, past_len, axis)
-                self._staging_in[port.name] = past
-                request.set_tensor(target, cache.tensor(past))
-                self.past_paths[port.name] = "staged"
+                self._bind_past(port, target, 0, past_len, views)
             if mode == "copy":  # bound once; the other modes bind their outputs per step
                 request.set_output_tensor(port.output_index, self._output_staging(port.name))
+
+    def _bind_past(self, port: BoundPort, target: str, start: int, stop: int, views: bool) -> None:
+        """Input ``target`` reads slots ``[start, stop)`` of ``port``'s buffer: the view, or
+        (copy mode, or a strided view under the guard) a dense staging array."""
+        view = self.cache.view(port.name, start, stop, port.seq_axis) if views else None
+        self._set_past(port, target, start, view, stop - start)
+
+    def _set_past(
+        self, port: BoundPort, target: str, start: int, view: ov.Tensor | None, rows: int = 0
+    ) -> None:
+        if view is not None and self._direct(view):
+            self.request.set_tensor(target, view)
+            self.past_paths[port.name] = "direct"
+            return
+        past = self.cache.zeros(port.name, rows, port.seq_axis)
+        self._staging_in[target] = (port.name, start, past)
+        self.request.set_tensor(target, self.cache.tensor(past))
+        self.past_paths[port.name] = "staged"
+
+    def _bound_direct(self, *targets: str) -> bool:
+        return not any(t in self._staging_in for t in targets)
 
     def _bind_ring(self, port: BoundPort) -> None:
         """A ring's past: the whole ring, in every model and mode but copy (staged whole)."""
@@ -158,7 +183,7 @@ class KVBinding:
             self.past_paths[port.name] = "direct"
         else:
             past = self.cache.zeros(port.name, port.ring, port.seq_axis)
-            self._staging_in[port.name] = past
+            self._staging_in[port.name] = (port.name, 0, past)
             self.request.set_tensor(port.name, self.cache.tensor(past))
             self.past_paths[port.name] = "staged"
         if self.mode == "copy":
@@ -209,17 +234,19 @@ class KVBinding:
             else:
                 self.outputs_staged += 1
         end = min(live_end, self.past_len)
-        for name, past in self._staging_in.items():
+        for name, first, past in self._staging_in.values():
             axis, ring = self._axis[name], self._ring.get(name, 0)
             if ring:
                 lo = max(self._ring_synced, live_end - ring)
                 for a, b, _ in ring_segments(lo, max(lo, live_end), ring):
                     rows = self.cache.rows(name, a, b, axis)
                     safe_copy(seq_slice(past, axis, a, b), rows, self.counter)
-            elif end > self._synced:
+                continue
+            lo, hi = max(self._synced, first), min(end, first + past.shape[axis])
+            if hi > lo:
                 safe_copy(
-                    seq_slice(past, axis, self._synced, end),
-                    self.cache.rows(name, self._synced, end, axis),
+                    seq_slice(past, axis, lo - first, hi - first),
+                    self.cache.rows(name, lo, hi, axis),
                     self.counter,
                 )
         self._synced = max(self._synced, end)
@@ -234,6 +261,8 @@ class KVBinding:
                 return None
             return self.cache.view(name, pieces[0][0], pieces[0][1], self._axis[name])
         if stop <= self.cache.capacity:
+            if len(self.cache.segments(name, start, stop)) > 1:  # crosses the blocks' edge
+                return None
             return self.cache.view(name, start, stop, self._axis[name])
         # The very last step's KV is never read again (the cache is then full): discard it.
         # The scratch is a dense array, so even the contiguous guard binds it directly.
@@ -252,7 +281,9 @@ class KVBinding:
                 continue
             new, axis = self._staging_out[port.name], port.seq_axis
             if not port.ring:
-                safe_copy(self.cache.rows(port.name, start, stop, axis), new, self.counter)
+                for a, b in self.cache.segments(port.name, start, stop):
+                    rows = seq_slice(new, axis, a - start, b - start)
+                    safe_copy(self.cache.rows(port.name, a, b, axis), rows, self.counter)
                 continue
             for a, b, offset in ring_segments(start, stop, port.ring):
                 rows = seq_slice(new, axis, offset, offset + b - a)

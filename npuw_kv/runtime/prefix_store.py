@@ -122,11 +122,13 @@ class HostPrefixCache:
         for layer, (k_name, v_name) in enumerate(self._layers):
             view = self.blocks.layer_view(self._window, block, layer)  # [tpb, 2, heads, dim]
             for kv, name in ((0, k_name), (1, v_name)):
-                # [heads, tpb, dim], whichever layout the buffer holds (V transposed or not)
-                rows = self.cache.token_rows(name, slot, stop)
-                if to_store:
-                    view[:, kv] = rows.transpose(1, 0, 2)
-                else:
-                    rows[...] = view[:, kv].transpose(1, 0, 2)
-                self.copied.bytes += rows.nbytes
-                self.copied.copies += 1
+                for a, b in self.cache.segments(name, slot, stop):  # two blocks: maybe 2 pieces
+                    # [heads, rows, dim], whichever layout the buffer holds (V transposed or not)
+                    rows = self.cache.token_rows(name, a, b)
+                    store = view[a - slot : b - slot, kv]
+                    if to_store:
+                        store[...] = rows.transpose(1, 0, 2)
+                    else:
+                        rows[...] = store.transpose(1, 0, 2)
+                    self.copied.bytes += rows.nbytes
+                    self.copied.copies += 1

@@ -112,8 +112,9 @@ class StaticRunner(Runner):
         shapes = self.shapes
         # TOTAL-1 slots: the generate past input is the whole buffer; the KV of the TOTAL-th
         # token is never read, the last step writes it to scratch.
-        self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision)
         requests = self.requests
+        first = None if requests.shared_weights else shapes.first_block
+        self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision, first)
 
         def ports(layout: KVLayout) -> list[BoundPort]:
             return [
