@@ -8,7 +8,8 @@ import openvino as ov
 
 from .config import PipelineConfig
 from .model.source import declared_window, resolve_model, trained_context, wide_activations
-from .model.variants import StaticShapes, prepare, read_ir
+from .model.variants import prepare, read_ir
+from .runtime.compile import static_shapes
 from .runtime.device import paged_kv_precision, resolve_kv_precision
 from .runtime.prefix_store import TOKENS_PER_BLOCK
 
@@ -18,7 +19,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
     context = trained_context(model_dir)
     core = ov.Core()
-    shapes = StaticShapes.of(cfg, cfg.kv_capacity(context))
+    shapes = static_shapes(core, cfg, cfg.kv_capacity(context), wide_activations(model_dir))
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
     window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
     _, layout = prepare(

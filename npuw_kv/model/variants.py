@@ -232,7 +232,8 @@ def static_ladder(
             base, base_layout = bases[phase]
             for past in pasts:
                 m = base.clone()
-                split = shapes.first_block if past > (shapes.first_block or past) else None
+                first = shapes.first_block  # a past beyond it: two inputs, one per block
+                split = first if first is not None and past > first else None
                 if split is not None:
                     T.split_past(m, base_layout)
                 T.set_shapes(m, base_layout, tokens, past + tokens, past, split)

@@ -28,10 +28,10 @@ from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window, wide_activations
-from ..model.variants import StaticShapes, prepare, read_ir
+from ..model.variants import prepare, read_ir
 from ..settings import STORE_BLOCK_TOKENS, label
-from .compile import compile_paged, compile_requests, last_line, value_layouts
-from .device import device_properties, resolve_kv_precision
+from .compile import compile_paged, compile_requests, last_line, static_shapes
+from .device import resolve_kv_precision
 from .paged_runner import PagedRunner
 from .runner import Runner
 from .static_runner import StaticRunner
@@ -116,12 +116,8 @@ def build_runner(
             RuntimeWarning,
             stacklevel=3,
         )
-    shapes = StaticShapes.of(config, kv_capacity)
     wide = wide_activations(model_dir)
-    layouts = value_layouts(config, device_properties(core, config, wide)[1])
-    if config.use_static_models and not (layouts.prefill or layouts.generate):
-        # V not transposed: the smallest generate variant can read a dense first block
-        shapes = replace(shapes, dense_first_block=True)
+    shapes = static_shapes(core, config, kv_capacity, wide)
     prepared, layout = prepare(
         ir,
         resolve_kv_precision(core, config, wide),

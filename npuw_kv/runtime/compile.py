@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import openvino as ov
@@ -191,6 +191,19 @@ def compile_requests(
             return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
+
+
+def static_shapes(
+    core: ov.Core, config: PipelineConfig, kv_capacity: int, wide_activations: bool = False
+) -> StaticShapes:
+    """The static shapes of ``config``.  Where V is not stored transposed, the KV buffer's
+    first block is laid out for the smallest generate variant (``StaticShapes.first_block``)."""
+    shapes = StaticShapes.of(config, kv_capacity)
+    if config.use_static_models:
+        layouts = value_layouts(config, device_properties(core, config, wide_activations)[1])
+        if not (layouts.prefill or layouts.generate):
+            shapes = replace(shapes, dense_first_block=True)
+    return shapes
 
 
 def value_layouts(config: PipelineConfig, props: dict[str, Any]) -> ValueLayouts:
