@@ -241,6 +241,9 @@ def test_first_kv_block_is_dense_for_the_short_generate_variant(tiny_dir, tiny_r
     assert stats["generate_past_used"] == 1040
     assert stats["switch_host_bytes_copied"] == 0
     assert result.tokens == tiny_reference(ids, 8)
+    # copy mode stages both inputs of a split past, each from its own block
+    copied = LLMPipeline(tiny_dir, "NPU", kv_binding="copy", **settings)
+    assert copied.generate(ids, max_new_tokens=8, ignore_eos=True).tokens == result.tokens
 
     # a continuation whose chunks end at slot 1050, so one runs over [1034, 1050): across the
     # edge, its new rows are staged and copied into the two blocks
