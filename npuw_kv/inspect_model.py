@@ -19,7 +19,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
     context = trained_context(model_dir)
     core = ov.Core()
-    shapes = static_shapes(core, cfg, cfg.kv_capacity(context), wide_activations(model_dir))
+    shapes = static_shapes(core, cfg, cfg.kv_capacity(context))
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
     window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
     _, layout = prepare(

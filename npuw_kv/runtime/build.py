@@ -116,8 +116,8 @@ def build_runner(
             RuntimeWarning,
             stacklevel=3,
         )
+    shapes = static_shapes(core, config, kv_capacity)
     wide = wide_activations(model_dir)
-    shapes = static_shapes(core, config, kv_capacity, wide)
     prepared, layout = prepare(
         ir,
         resolve_kv_precision(core, config, wide),

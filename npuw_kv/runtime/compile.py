@@ -19,6 +19,7 @@ from .device import (
     compute_precision,
     device_properties,
     limit_runtime_cache,
+    npuw_target,
     on_real_npu,
     paged_kv_precision,
 )
@@ -125,7 +126,7 @@ def compile_requests(
             split.body if split is not None else model,
             layout,
             shapes,
-            value_layouts(config, props),
+            value_layouts(config, str(props.get("NPUW_DEVICES", ""))),
         )
         check_value_layouts(config, ladder)
         prefill_models, generate_models = ladder.prefill, ladder.generate
@@ -193,23 +194,21 @@ def compile_requests(
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 
 
-def static_shapes(
-    core: ov.Core, config: PipelineConfig, kv_capacity: int, wide_activations: bool = False
-) -> StaticShapes:
+def static_shapes(core: ov.Core, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
     """The static shapes of ``config``.  Where V is not stored transposed, the KV buffer's
     first block is laid out for the smallest generate variant (``StaticShapes.first_block``)."""
     shapes = StaticShapes.of(config, kv_capacity)
     if config.use_static_models:
-        layouts = value_layouts(config, device_properties(core, config, wide_activations)[1])
+        layouts = value_layouts(config, npuw_target(core, config))
         if not (layouts.prefill or layouts.generate):
             shapes = replace(shapes, dense_first_block=True)
     return shapes
 
 
-def value_layouts(config: PipelineConfig, props: dict[str, Any]) -> ValueLayouts:
+def value_layouts(config: PipelineConfig, npuw_devices: str) -> ValueLayouts:
     """Where the static models store V transposed: both phases or none (``optimize_v_tensors``;
-    ``auto``: where NPUW places them on a real NPU)."""
-    wanted = config.v_transposed(on_real_npu(str(props.get("NPUW_DEVICES", ""))))
+    ``auto``: where NPUW places them on a real NPU, by ``NPUW_DEVICES``)."""
+    wanted = config.v_transposed(on_real_npu(npuw_devices))
     return ValueLayouts(wanted, wanted)
 
 

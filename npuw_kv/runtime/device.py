@@ -61,6 +61,11 @@ def device_properties(
     return config.device, props
 
 
+def npuw_target(core: ov.Core, config: PipelineConfig) -> str:
+    """The ``NPUW_DEVICES`` the compiled models get: :func:`npuw_devices` on NPU, none else."""
+    return npuw_devices(core, config) if config.device == "NPU" else ""
+
+
 def npuw_devices(core: ov.Core, config: PipelineConfig) -> str:
     """Where NPUW runs its sub-models: ``npuw_devices``, except that the default (CPU) becomes
     "NPU,CPU" when a real NPU is present (use it, the CPU as fallback)."""
