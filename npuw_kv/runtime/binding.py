@@ -136,56 +136,51 @@ class KVBinding:
                 other = port.name if target != port.name else tail_input(port.name)
                 request.set_tensor(other, self._empty(port.name))
             first = cache.first_block
+            path: BindPath
             if first is not None and not sliced and past_len > first:
                 # a past that runs into the second block: the whole first block, then the rest
-                self._bind_past(port, port.name, 0, first, views)
-                self._bind_past(port, tail_input(port.name), first, past_len, views)
-                both = self._bound_direct(port.name, tail_input(port.name))
-                self.past_paths[port.name] = "direct" if both else "staged"
+                head = self._bind_past(port, port.name, 0, first, views)
+                tail = self._bind_past(port, tail_input(port.name), first, past_len, views)
+                path = "direct" if head == tail == "direct" else "staged"
             elif views and sliced:  # growing (prefill) or whole (generate), checked above
                 # for the prefill, the chunk's output view [start, start + C) lies in this same
                 # buffer, past the slice the mask sets: the request never reads what it writes
-                self._set_past(port, target, 0, cache.view(port.name, *whole, axis), past_len)
+                view = cache.view(port.name, *whole, axis)
+                path = self._set_past(port, target, 0, view, past_len)
             elif views and past_len == 0:
                 # no past at all: one chunk covers MAX_PROMPT_LEN, or a prefill model of past 0
-                self._set_past(port, target, 0, self._empty(port.name))
+                path = self._set_past(port, target, 0, self._empty(port.name))
             else:
-                self._bind_past(port, target, 0, past_len, views)
+                path = self._bind_past(port, target, 0, past_len, views)
+            self.past_paths[port.name] = path
             if mode == "copy":  # bound once; the other modes bind their outputs per step
                 request.set_output_tensor(port.output_index, self._output_staging(port.name))
 
-    def _bind_past(self, port: BoundPort, target: str, start: int, stop: int, views: bool) -> None:
+    def _bind_past(
+        self, port: BoundPort, target: str, start: int, stop: int, views: bool
+    ) -> BindPath:
         """Input ``target`` reads slots ``[start, stop)`` of ``port``'s buffer: the view, or
         (copy mode, or a strided view under the guard) a dense staging array."""
         view = self.cache.view(port.name, start, stop, port.seq_axis) if views else None
-        self._set_past(port, target, start, view, stop - start)
+        return self._set_past(port, target, start, view, stop - start)
 
     def _set_past(
         self, port: BoundPort, target: str, start: int, view: ov.Tensor | None, rows: int = 0
-    ) -> None:
+    ) -> BindPath:
+        """Bind ``view`` (slots from ``start``) to ``target`` if it goes as it is, else a dense
+        staging array of ``rows`` slots that :meth:`before` keeps in sync."""
         if view is not None and self._direct(view):
             self.request.set_tensor(target, view)
-            self.past_paths[port.name] = "direct"
-            return
+            return "direct"
         past = self.cache.zeros(port.name, rows, port.seq_axis)
         self._staging_in[target] = (port.name, start, past)
         self.request.set_tensor(target, self.cache.tensor(past))
-        self.past_paths[port.name] = "staged"
-
-    def _bound_direct(self, *targets: str) -> bool:
-        return not any(t in self._staging_in for t in targets)
+        return "staged"
 
     def _bind_ring(self, port: BoundPort) -> None:
         """A ring's past: the whole ring, in every model and mode but copy (staged whole)."""
         view = self.cache.view(port.name, 0, port.ring, port.seq_axis)
-        if self.mode != "copy" and self._direct(view):
-            self.request.set_tensor(port.name, view)
-            self.past_paths[port.name] = "direct"
-        else:
-            past = self.cache.zeros(port.name, port.ring, port.seq_axis)
-            self._staging_in[port.name] = (port.name, 0, past)
-            self.request.set_tensor(port.name, self.cache.tensor(past))
-            self.past_paths[port.name] = "staged"
+        self.past_paths[port.name] = self._set_past(port, port.name, 0, view, port.ring)
         if self.mode == "copy":
             self.request.set_output_tensor(port.output_index, self._output_staging(port.name))
 
