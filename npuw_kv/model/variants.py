@@ -227,12 +227,12 @@ def static_ladder(
         "prefill": (shapes.chunk, shapes.prefill_pasts),
         "generate": (1, shapes.generate_pasts),
     }
+    first = shapes.first_block  # a past beyond it: two inputs, one per block
     try:
         for phase, (tokens, pasts) in steps.items():
             base, base_layout = bases[phase]
             for past in pasts:
                 m = base.clone()
-                first = shapes.first_block  # a past beyond it: two inputs, one per block
                 split = first if first is not None and past > first else None
                 if split is not None:
                     T.split_past(m, base_layout)
