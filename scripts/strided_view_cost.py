@@ -10,6 +10,7 @@ two, so the difference is what the device does with the strides.
 
     python scripts/strided_view_cost.py --model /tmp/smol-opt --max-prompt-len 4096
     python scripts/strided_view_cost.py --phase prefill --max-prompt-len 4096
+    python scripts/strided_view_cost.py --phase prefill --past 3840 --max-prompt-len 4096
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def main() -> None:
         default="generate",
         help="the smallest generate variant, or the smallest prefill rung",
     )
+    parser.add_argument(
+        "--past", type=int, default=None, help="the model of this past (default: the smallest)"
+    )
     parser.add_argument("--calls", type=int, default=20, help="timed calls per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -58,7 +62,10 @@ def main() -> None:
         variants, phase_layout = ladder.generate, ladder.generate_layout
     else:
         variants, phase_layout = ladder.prefill, ladder.prefill_layout
-    past, chosen = variants[0]
+    pasts = [p for p, _ in variants]
+    if args.past is not None and args.past not in pasts:
+        raise SystemExit(f"no {args.phase} model of past {args.past}; there are {pasts}")
+    past, chosen = next(v for v in variants if args.past in (None, v[0]))
     capacity = shapes.generate_past
     if past in (0, capacity):
         reads = "no past" if past == 0 else f"the whole buffer ({capacity} slots)"
