@@ -81,6 +81,15 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
             if cfg.use_static_models
             else []
         ),
+        *(
+            [
+                "KV blocks        cut at slots "
+                + ", ".join(map(str, shapes.block_edges))
+                + " (each model's past is whole blocks: dense inputs)"
+            ]
+            if shapes.block_edges
+            else []
+        ),
         _kv_line(kv_slots, per_token, layout.window, dict(shapes.rings(layout.window))),
     ]
     if cfg.prefix_cache_tokens:

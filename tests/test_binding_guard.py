@@ -2,15 +2,17 @@
 
 A device that refuses strided tensors must get dense ones, but a contiguous view already is one.
 A ``[1, H, L, D]`` buffer's slot range is contiguous for H == 1 (any range) and, for H > 1, only
-as the whole buffer.  So with 1 KV head nothing is copied; with 2, the prefill past
-``[0, MAX_PROMPT_LEN - C)`` and every present output view are staged while the generate past
-(the whole buffer) is read in place.
+as the whole buffer or a whole block of it.  So with 1 KV head nothing is copied; with 2, every
+present output view is staged, and so is each prefill past ``[0, P)`` where the buffer is one
+block (the NPU path cuts it where the models' pasts end, so they are read in place there), while
+the generate past (the whole buffer) is read in place.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import openvino as ov
@@ -20,7 +22,9 @@ from conftest import RecordingRequest
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter
 from npuw_kv.model.source import resolve_model
+from npuw_kv.model.variants import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.runtime import build
 from npuw_kv.runtime.binding import BoundPort, KVBinding
 from npuw_kv.settings import EXACT_F32
 
@@ -139,24 +143,34 @@ def tiny_dirs(tmp_path_factory):
     return get
 
 
+def _one_block(core: ov.Core, config, capacity: int) -> StaticShapes:
+    """The static shapes with the KV buffer as one block."""
+    return StaticShapes.of(config, capacity)
+
+
 @pytest.fixture(scope="module")
 def pipes(tiny_dirs):
-    made: dict[tuple[int, str], LLMPipeline] = {}
+    made: dict[tuple[int, str, bool], LLMPipeline] = {}
 
-    def get(kv_heads: int, kv_binding: str) -> LLMPipeline:
-        if (kv_heads, kv_binding) not in made:
-            made[kv_heads, kv_binding] = LLMPipeline(
-                tiny_dirs(kv_heads),
-                "NPU",
-                prefill_chunk_size=C,
-                max_prompt_len=MAX_PROMPT,
-                min_response_len=MIN_RESPONSE,
-                kv_binding=kv_binding,
-                prefix_reuse=False,  # every prompt runs fresh: the same bytes each time
-                NPUW_ONLINE_PIPELINE="NONE",  # as tests/test_tiny_model.py: this tiny graph
-                **EXACT_F32,
-            )
-        return made[kv_heads, kv_binding]
+    def get(kv_heads: int, kv_binding: str, blocks: bool = True) -> LLMPipeline:
+        """``blocks``: the NPU path's KV buffer cut where the models' pasts end (its default,
+        so every past is dense); False: one block, so each past but the whole buffer is a
+        strided view, as it is where V is stored transposed."""
+        if (kv_heads, kv_binding, blocks) not in made:
+            shapes = build.static_shapes if blocks else _one_block
+            with mock.patch.object(build, "static_shapes", shapes):
+                made[kv_heads, kv_binding, blocks] = LLMPipeline(
+                    tiny_dirs(kv_heads),
+                    "NPU",
+                    prefill_chunk_size=C,
+                    max_prompt_len=MAX_PROMPT,
+                    min_response_len=MIN_RESPONSE,
+                    kv_binding=kv_binding,
+                    prefix_reuse=False,  # every prompt runs fresh: the same bytes each time
+                    NPUW_ONLINE_PIPELINE="NONE",  # as tests/test_tiny_model.py: this tiny graph
+                    **EXACT_F32,
+                )
+        return made[kv_heads, kv_binding, blocks]
 
     return get
 
@@ -198,6 +212,7 @@ def test_one_kv_head_binds_everything_directly(pipes):
 PAST_ROWS = {(48, 48, 48): 32, (0, 16, 32): 16 + 32, (0, 16, 48): 16 + 32}
 
 
+@pytest.mark.parametrize("blocks", [False, True])
 @pytest.mark.parametrize(
     ("new_tokens", "kept_steps"),
     [
@@ -207,8 +222,8 @@ PAST_ROWS = {(48, 48, 48): 32, (0, 16, 32): 16 + 32, (0, 16, 48): 16 + 32}
         (57, 55),
     ],
 )
-def test_two_kv_heads_stage_only_strided_views(pipes, new_tokens, kept_steps):
-    roi, guarded = pipes(2, "roi"), pipes(2, "contiguous")
+def test_two_kv_heads_stage_only_strided_views(pipes, new_tokens, kept_steps, blocks):
+    roi, guarded = pipes(2, "roi", blocks), pipes(2, "contiguous", blocks)
     expected = roi.generate(PROMPT, max_new_tokens=new_tokens, ignore_eos=True).tokens
     result = guarded.generate(PROMPT, max_new_tokens=new_tokens, ignore_eos=True)
     assert result.tokens == expected and len(expected) == new_tokens
@@ -217,22 +232,25 @@ def test_two_kv_heads_stage_only_strided_views(pipes, new_tokens, kept_steps):
     assert (layout.num_layers, layout.num_kv_heads, layout.head_dim) == (LAYERS, 2, HEAD_DIM)
     ports = len(layout.ports)
     assert ports == 2 * LAYERS
+    assert runner.cache.edges == ((16, 48) if blocks else ())  # the lean prefill's pasts
     for binding in bindings(runner, "prefill") + bindings(runner, "generate"):
-        # a past [0, p) of 2 heads is strided unless empty or the whole buffer
-        dense = binding.past_len in (0, CAPACITY)
+        # a past [0, p) of 2 heads is strided unless empty or the whole buffer, or whole blocks
+        dense = blocks or binding.past_len in (0, CAPACITY)
         assert set(binding.past_paths.values()) == {"direct" if dense else "staged"}
     assert runner.generate_binding.past_paths  # the whole buffer ...
     assert set(runner.generate_binding.past_paths.values()) == {"direct"}  # ... read in place
-    assert outputs(runner, "prefill") == (0, 3 * ports)
+    # chunk 0 writes [0, 16), with blocks the whole first block: dense, written in place
+    staged_chunks = 2 if blocks else 3
+    assert outputs(runner, "prefill") == ((3 - staged_chunks) * ports, staged_chunks * ports)
     scratch_steps = new_tokens - 1 - kept_steps
     assert outputs(runner, "generate") == (scratch_steps * ports, kept_steps * ports)
     pasts = tuple(runner.stats().get("prefill_pasts_used", [runner.prefill_past] * 3))
-    past_rows = PAST_ROWS[pasts]
+    past_rows = 0 if blocks else PAST_ROWS[pasts]
     # bytes of one slot of one buffer: heads x head_dim x itemsize (f32)
     row_bytes = layout.num_kv_heads * layout.head_dim * runner.cache.dtype.itemsize
     assert row_bytes == 2 * 16 * 4
-    prefill_bytes = (past_rows + 3 * C) * ports * row_bytes  # + the 3 chunks' 48 output rows
-    assert prefill_bytes == {32: 40960, 48: 49152}[past_rows]
+    prefill_bytes = (past_rows + staged_chunks * C) * ports * row_bytes  # + the chunks' rows
+    assert prefill_bytes == {0: 16384, 32: 40960, 48: 49152}[past_rows]
     stats = guarded.kv_stats()
     assert stats["prefill_host_bytes_copied"] == prefill_bytes
     assert stats["switch_host_bytes_copied"] == 0  # the generate past is read in place

@@ -35,6 +35,11 @@ def test_inspect_prints_layout_and_shapes(capsys):
     assert "prefix store     64 tokens of earlier prompts on the host (+ 32" in (
         capsys.readouterr().out
     )
+    # the NPU path cuts the KV buffer where its models' pasts end (V not transposed off an NPU)
+    assert main(["inspect", "--device", "NPU", "--max-prompt-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill pasts    1792, 3840" in out and "generate pasts   1280, 4223" in out
+    assert "KV blocks        cut at slots 1280, 1792, 3840" in out
 
 
 def test_generate_streams_text(capsys):

@@ -13,30 +13,32 @@ def make_cache(capacity=10):
     return SharedKVCache([KVSpec("k0", 3, 4), KVSpec("v0", 3, 4)], capacity, "f32")
 
 
-def test_a_first_block_is_dense_and_ranges_across_it_go_by_segments():
-    cache = SharedKVCache([KVSpec("k0", 3, 4), KVSpec("r", 3, 4, ring=4)], 10, "f32", 6)
+def test_blocks_are_dense_and_ranges_across_edges_go_by_segments():
+    cache = SharedKVCache([KVSpec("k0", 3, 4), KVSpec("r", 3, 4, ring=4)], 10, "f32", (4, 6))
     assert cache.bytes_allocated == (3 * 4 * 10 + 3 * 4 * 4) * 4  # the same memory as one block
-    first = cache.view("k0", 0, 6)
-    assert first.shape == [1, 3, 6, 4] and first.is_continuous()  # a whole block: dense
-    rest = cache.view("k0", 6, 10)
-    assert rest.shape == [1, 3, 4, 4] and rest.is_continuous()
-    assert not cache.view("k0", 2, 5).is_continuous() and not cache.view("k0", 6, 8).is_continuous()
-    # the second block follows the first in memory: one allocation
-    assert rest.data.ctypes.data == first.data.ctypes.data + first.data.nbytes
-    assert cache.segments("k0", 2, 9) == [(2, 6), (6, 9)]
-    assert cache.segments("k0", 6, 9) == [(6, 9)] and cache.segments("k0", 0, 6) == [(0, 6)]
-    with pytest.raises(ValueError, match="first block"):
-        cache.view("k0", 4, 8)
-    with pytest.raises(ValueError, match="two blocks"):
+    blocks = [cache.view("k0", 0, 4), cache.view("k0", 4, 6), cache.view("k0", 6, 10)]
+    assert [b.shape for b in blocks] == [[1, 3, 4, 4], [1, 3, 2, 4], [1, 3, 4, 4]]
+    assert all(b.is_continuous() for b in blocks)  # a whole block: dense
+    assert not cache.view("k0", 1, 3).is_continuous() and not cache.view("k0", 6, 8).is_continuous()
+    # each block follows the one before in memory: one allocation
+    for before, after in zip(blocks, blocks[1:], strict=False):
+        assert after.data.ctypes.data == before.data.ctypes.data + before.data.nbytes
+    assert cache.segments("k0", 2, 9) == [(2, 4), (4, 6), (6, 9)]
+    assert cache.segments("k0", 6, 9) == [(6, 9)] and cache.segments("k0", 0, 4) == [(0, 4)]
+    with pytest.raises(ValueError, match="edge of a block"):
+        cache.view("k0", 3, 5)
+    with pytest.raises(ValueError, match="held as blocks"):
         cache.array("k0")
     for a, b in cache.segments("k0", 3, 8):  # write token-wise, read back through the views
         cache.token_rows("k0", a, b)[...] = np.arange(a, b)[None, :, None]
-    assert (cache.rows("k0", 3, 6)[0, :, :, 0] == [3, 4, 5]).all()
+    assert (cache.rows("k0", 3, 4)[0, :, :, 0] == [3]).all()
+    assert (cache.rows("k0", 4, 6)[0, :, :, 0] == [4, 5]).all()
     assert (cache.view("k0", 6, 10).data[0, :, :2, 0] == [6, 7]).all()
     assert cache.segments("r", 1, 4) == [(1, 4)]  # a ring stays one block
     assert cache.view("r", 0, 4).is_continuous()
-    with pytest.raises(ValueError, match="first KV block"):
-        SharedKVCache([KVSpec("k0", 3, 4)], 10, "f32", 10)
+    for edges in ((10,), (0, 4), (6, 4), (4, 4)):
+        with pytest.raises(ValueError, match="edges"):
+            SharedKVCache([KVSpec("k0", 3, 4)], 10, "f32", edges)
 
 
 def test_views_alias_the_buffer_and_are_strided():

@@ -109,12 +109,35 @@ def test_accuracy_modes_shape_the_ladders_they_name():
     assert ladders("no-pyramid") == ((3840,), (4223,))
 
 
+def test_kv_block_edges_are_where_the_model_pasts_end():
+    """With dense blocks every model's past is whole blocks: the edges are the pasts short of
+    the whole buffer, the generate variants rounded up to whole chunks."""
+    from dataclasses import replace
+
+    def shapes(**settings: str) -> StaticShapes:
+        config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, **settings)
+        return replace(StaticShapes.of(config, 4224), dense_blocks=True)
+
+    lean = shapes()
+    assert (lean.prefill_pasts, lean.generate_pasts) == ((1792, 3840), (1280, 4223))
+    assert lean.block_edges == (1280, 1792, 3840)
+    assert lean.past_blocks(1280) == (1280,) and lean.past_blocks(1792) == (1280, 512)
+    assert lean.past_blocks(4223) == (1280, 512, 2048, 383)
+    full = shapes(prefill_attention="pyramid", generate_pyramid="YES")
+    assert full.generate_pasts == (1280, 2304, 4223)
+    assert full.block_edges == (256, 512, 1024, 1280, 2048, 2304, 3072, 3840)
+    assert shapes(prefill_attention="static", generate_pyramid="NO").block_edges == (3840,)
+    assert replace(lean, dense_blocks=False).block_edges == ()
+
+
 def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
     pipe = LLMPipeline(tiny_dir, "NPU", **settings)
     # room for 1024 + 16, rounded up to whole chunks (the KV buffer's first block), and all
     assert pipe.kv_stats()["generate_variants"] == [1040, 1551]
-    assert pipe.runner.cache.first_block == 1040
+    # the KV buffer's blocks meet where the models' pasts end
+    prefill = pipe.kv_stats()["prefill_variants"]
+    assert pipe.runner.cache.edges == tuple(sorted({*prefill, 1040} - {0}))
     # at 4096 + 16 the full ladder has room for 1024, 2048 + 16 and all; auto keeps the first
     for setting, expected in ((None, (1039, 4111)), ("YES", (1039, 2063, 4111))):
         config = PipelineConfig.from_kwargs(
@@ -218,22 +241,23 @@ def test_variant_settings_take_npuw_names():
     assert not PipelineConfig.from_kwargs("CPU", prefill_attention="pyramid").pyramid
 
 
-def test_first_kv_block_is_dense_for_the_short_generate_variant(tiny_dir, tiny_reference):
-    """The KV buffer's first block is laid out for the smallest generate variant: it reads a
-    dense tensor (the contiguity guard binds it as it is, so the switch copies nothing), longer
-    models read that block and a view of the rest, and a chunk crossing the edge is staged."""
+def test_kv_blocks_give_every_model_a_dense_past(tiny_dir, tiny_reference):
+    """The KV buffer is cut into blocks where the models' pasts end: under the contiguity guard
+    every prefill and generate model binds its past as it is (one dense block per input, no
+    staging), the switch copies nothing, and a chunk crossing an edge is staged."""
     settings = dict(prefill_chunk_size=C, max_prompt_len=1536, min_response_len=16, **NPU)
     guarded = LLMPipeline(tiny_dir, "NPU", kv_binding="contiguous", **settings)
     runner = guarded.runner
-    assert runner.cache.first_block == 1040
     short, whole = runner.generate_variants
     assert (short.past, whole.past) == (1040, 1551)
-    # the short variant's past is the first block, dense; the whole model's its two blocks
-    assert set(short.binding.past_paths.values()) == {"direct"}
-    assert set(whole.binding.past_paths.values()) == {"direct"}
-    # a prefill model past the edge reads [1040, past) of the second block: strided, staged
-    longest = runner.prefill_variants[-1]
-    assert longest.past > 1040 and set(longest.binding.past_paths.values()) == {"staged"}
+    edges = runner.cache.edges
+    assert 1040 in edges and runner.prefill_variants[-1].past in edges
+    for model in runner.prefill_variants + runner.generate_variants:
+        assert set(model.binding.past_paths.values()) == {"direct"}, model.past
+        blocks = 1 + sum(e < model.past for e in edges)  # one past input per block
+        names = {i.get_any_name() for i in model.request.get_compiled_model().inputs}
+        layer0 = runner.layout.ports[0].input_name
+        assert sum(n.startswith(layer0) for n in names) == (blocks if model.past else 1)
 
     ids = _ids(1000, seed=5)  # slots [8, 1008): the answer runs on the short variant
     result = guarded.generate(ids, max_new_tokens=8, ignore_eos=True)
@@ -241,12 +265,12 @@ def test_first_kv_block_is_dense_for_the_short_generate_variant(tiny_dir, tiny_r
     assert stats["generate_past_used"] == 1040
     assert stats["switch_host_bytes_copied"] == 0
     assert result.tokens == tiny_reference(ids, 8)
-    # copy mode stages both inputs of a split past, each from its own block
+    # copy mode stages every input of a split past, each from its own block
     copied = LLMPipeline(tiny_dir, "NPU", kv_binding="copy", **settings)
     assert copied.generate(ids, max_new_tokens=8, ignore_eos=True).tokens == result.tokens
 
     # a continuation whose chunks end at slot 1050, so one runs over [1034, 1050): across the
-    # edge, its new rows are staged and copied into the two blocks
+    # edge at 1040, its new rows are staged and copied into the two blocks
     pipe = LLMPipeline(tiny_dir, "NPU", **settings)
     first = pipe.generate(ids, max_new_tokens=8, ignore_eos=True)
     longer = np.concatenate([ids, first.tokens, _ids(34, seed=6)])
@@ -254,3 +278,22 @@ def test_first_kv_block_is_dense_for_the_short_generate_variant(tiny_dir, tiny_r
     stats = pipe.kv_stats()
     assert stats["reused_tokens"] > 0 and stats["host_bytes_copied"] > 0
     assert again.tokens == tiny_reference(longer, 6)
+
+
+def test_a_chunk_that_fills_a_kv_block_its_model_reads_is_staged(tiny_dir):
+    """At MAX_PROMPT_LEN 2C the static prefill model's past is the KV block [0, C), and chunk 0
+    writes exactly that block.  Bound as the output too, NPUW (f16 KV) computes the next calls
+    wrong; the binding stages that write instead, and the tokens are copy mode's."""
+    settings = dict(prefill_chunk_size=C, max_prompt_len=2 * C, min_response_len=16, **NPU)
+    settings |= {"prefill_attention": "static", "kv_precision": "f16"}
+    pipe = LLMPipeline(tiny_dir, "NPU", **settings)
+    assert pipe.runner.cache.edges == (C,)
+    ids = _ids(2 * C - 4)  # chunk 0: slots [0, C), the whole first block
+    tokens = pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+    binding = pipe.runner.prefill_binding
+    assert binding.past_paths[pipe.runner.layout.ports[0].input_name] == "direct"
+    # chunk 0's outputs staged (one per port), chunk 1's ([C, 2C): not a past) direct
+    ports = len(pipe.runner.layout.ports)
+    assert (binding.outputs_staged, binding.outputs_direct) == (ports, ports)
+    copied = LLMPipeline(tiny_dir, "NPU", kv_binding="copy", **settings)
+    assert copied.generate(ids, max_new_tokens=8, ignore_eos=True).tokens == tokens

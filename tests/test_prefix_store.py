@@ -76,12 +76,12 @@ def test_room_below_one_block_is_refused():
         _store("f32", 31)
 
 
-def test_save_and_restore_across_the_first_block_edge():
-    """A cache held as two blocks (the NPU path's dense first block): the stored blocks of
-    tokens cross the edge on the way out and on the way back, in two pieces each."""
+def test_save_and_restore_across_block_edges():
+    """A cache held as blocks (the NPU path's, cut where its models' pasts end): the stored
+    blocks of tokens cross the edges on the way out and on the way back, in pieces."""
     layout = _layout("f32")
     specs = [KVSpec(p.input_name, p.num_heads, p.head_dim) for p in layout.ports]
-    cache = SharedKVCache(specs, SLOTS, "f32", first_block=50)
+    cache = SharedKVCache(specs, SLOTS, "f32", edges=(50, 60))
 
     def tokens_of(name: str, start: int, stop: int) -> np.ndarray:
         return np.concatenate(
@@ -96,13 +96,13 @@ def test_save_and_restore_across_the_first_block_edge():
     saved = {name: tokens_of(name, 10, 106).copy() for name in cache.specs}
     store = HostPrefixCache(cache, layout, 128, CopyCounter())
     tokens = list(range(100, 200))
-    store.save(tokens, first_slot=10)  # blocks of 32 at slots 10, 42 (across 50), 74
+    store.save(tokens, first_slot=10)  # blocks of 32 at slots 10, 42 (across 50 and 60), 74
     for name in cache.specs:
         for a, b in cache.segments(name, 0, SLOTS):
             cache.token_rows(name, a, b)[...] = 0
     prompt = np.array([*tokens, 7, 8], np.int64)
     assert store.lookup(prompt) == 96
-    store.restore(prompt, 96, first_slot=30)  # back at 30, 62, 94: the first across 50
+    store.restore(prompt, 96, first_slot=30)  # back at 30, 62, 94: the first across 50 and 60
     for name in cache.specs:
         np.testing.assert_array_equal(tokens_of(name, 30, 126), saved[name])
         assert not tokens_of(name, 0, 30).any() and not tokens_of(name, 126, SLOTS).any()

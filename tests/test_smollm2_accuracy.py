@@ -55,10 +55,11 @@ def test_prefill_views_share_the_generate_buffer(smol_pipe, text_ids):
     def address(tensor) -> int:
         return tensor.data.__array_interface__["data"][0]
 
+    cache = runner.cache
     for port in runner.layout.ports:
-        buffer = runner.cache.buffers[port.input_name]
         prefill_past = requests.prefill.get_tensor(port.input_name)
         if requests.shared_weights:
+            buffer = cache.buffers[port.input_name]
             # one compiled model, past split and sliced: the prefill reads the whole buffer
             # (contiguous) up to its mask, the generate step binds it as the tail
             tail = tail_input(port.input_name)
@@ -69,13 +70,21 @@ def test_prefill_views_share_the_generate_buffer(smol_pipe, text_ids):
             assert requests.prefill.get_tensor(tail).data.shape[2] == 0
             assert requests.generate.get_tensor(port.input_name).data.shape[2] == 0
         else:
-            # static models: the prefill reads slots [0, MAX_PROMPT_LEN - C) through a strided
-            # view of the buffer the generate step reads whole, not a copy of them
-            generate_past = requests.generate.get_tensor(port.input_name)
-            assert address(prefill_past) == address(generate_past) == buffer.ctypes.data
-            assert prefill_past.data.shape[2] == runner.shapes.prefill_past
-            assert not prefill_past.is_continuous()
-            assert generate_past.data.shape[2] == runner.cache.capacity
+            # static models: the buffer is cut into blocks where the models' pasts end; the
+            # prefill reads slots [0, MAX_PROMPT_LEN - C) as the first blocks themselves, one
+            # dense input each, and the generate step all of them: no copy of them
+            name, blocks = port.input_name, cache.blocks[port.input_name]
+            assert cache.edges and cache.edges[-1] == runner.shapes.prefill_past
+            for request, parts in (
+                (requests.prefill, len(blocks) - 1),
+                (requests.generate, len(blocks)),
+            ):
+                for part, (_, block) in enumerate(blocks[:parts]):
+                    past = request.get_tensor(tail_input(name, part))
+                    assert past.is_continuous() and address(past) == block.ctypes.data
+                    assert past.data.shape == block.shape
+            inputs = {i.get_any_name() for i in requests.prefill.get_compiled_model().inputs}
+            assert tail_input(name, len(blocks) - 1) not in inputs  # it stops at the last edge
     stats = smol_pipe.kv_stats()
     assert stats["switch_host_bytes_copied"] == 0
     assert stats["host_bytes_copied"] == 0

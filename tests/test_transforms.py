@@ -134,16 +134,20 @@ def _count(model: ov.Model, kind: str) -> int:
     return sum(op.get_type_name() == kind for op in model.get_ops())
 
 
-def test_split_past_reads_past_then_tail(smol_model):
-    """``Concat(past, past.tail)`` gives the same logits as one past input holding both parts."""
+@pytest.mark.parametrize("cuts", [(6,), (3, 6)])
+def test_split_past_reads_past_then_tails(smol_model, cuts):
+    """``Concat(past, past.tail, ...)`` gives the same logits as one past input holding all the
+    parts (two parts: the CPU's sliced past; more: a static model over several KV blocks)."""
     model, layout = prepare(smol_model, kv_precision="f16")  # a Convert sits after each past
     T.set_shapes(model, layout, None, None, None)
     plain = model.clone()
     concats = _count(model, "Concat")
-    assert T.split_past(model, layout) == 60
-    assert _count(model, "Concat") == concats  # the tail joins the new-KV Concat, no extra copy
+    parts_count = len(cuts) + 1
+    assert T.split_past(model, layout, parts_count) == 60
+    assert _count(model, "Concat") == concats  # the tails join the new-KV Concat, no extra copy
     names = {i.get_any_name() for i in model.inputs}
-    assert {T.tail_input(p.input_name) for p in layout.ports} <= names
+    assert len(names) == 3 + 60 * parts_count
+    assert {T.tail_input(p.input_name, len(cuts)) for p in layout.ports} <= names
 
     core, rng = ov.Core(), np.random.default_rng(0)
     past = {p.input_name: rng.normal(0, 1, (1, 3, 10, 64)).astype(np.float16) for p in layout.ports}
@@ -157,8 +161,10 @@ def test_split_past_reads_past_then_tail(smol_model):
     whole.infer({**step, **past})
     split = core.compile_model(model, "CPU", exact).create_infer_request()
     parts = {}
+    bounds = (0, *cuts, 10)
     for name, value in past.items():
-        parts[name], parts[T.tail_input(name)] = value[:, :, :6].copy(), value[:, :, 6:].copy()
+        for part, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            parts[T.tail_input(name, part)] = value[:, :, a:b].copy()
     split.infer({**step, **parts})
     index = layout.logits_output_index
     expected = whole.get_output_tensor(index).data

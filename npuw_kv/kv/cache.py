@@ -20,17 +20,17 @@ A sliding-window layer may keep its KV in a ring (``KVSpec.ring`` slots, see
 :mod:`npuw_kv.model.ring`) instead of the whole capacity: its buffer is that long, and the slots
 the methods take are the ring's own (:mod:`npuw_kv.runtime.rings` maps token slots onto them).
 
-With ``first_block`` a (non-ring) buffer is laid out as two blocks one after the other in the
-same memory: slots ``[0, first_block)`` as a dense ``[1, heads, first_block, head_dim]`` and the
-rest as another.  A model that reads exactly the first block then gets a dense tensor, not a
-strided view (the short generate variant: NPUW on the CPU copies a strided past every step),
-and a longer one takes its past as two inputs, the first block whole and a view of the second
-(``transforms.split_past``).  A slot range that crosses the edge has no single view: take it
-by :meth:`SharedKVCache.segments`.
+With ``edges`` a (non-ring) buffer is laid out as blocks one after the other in the same memory,
+cut at those slots: slots ``[0, e1)`` as a dense ``[1, heads, e1, head_dim]``, then ``[e1, e2)``,
+and so on.  The static models' pasts end on the edges, so each reads whole blocks, dense
+tensors, not a strided view of one buffer (NPUW on the CPU copies a strided past before every
+call); a model takes its past as one input per block (``transforms.split_past``).  A slot range
+that crosses an edge has no single view: take it by :meth:`SharedKVCache.segments`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,17 +92,20 @@ class SharedKVCache:
         specs: list[KVSpec],
         capacity: int,
         precision: str = "f32",
-        first_block: int | None = None,
+        edges: Sequence[int] = (),
     ) -> None:
         if capacity <= 0:
             raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
         if precision not in KV_STORAGE:
             raise ValueError(f"KV precision {precision!r} not in {sorted(KV_STORAGE)}")
-        if first_block is not None and not 0 < first_block < capacity:
-            raise ValueError(f"first KV block of {first_block} slots, capacity {capacity}")
+        edges = tuple(edges)
+        if list(edges) != sorted(set(edges)) or not all(0 < e < capacity for e in edges):
+            raise ValueError(
+                f"KV block edges {list(edges)} must ascend strictly within (0, {capacity})"
+            )
         self.capacity = capacity
         self.precision = precision
-        self.first_block = first_block
+        self.edges = edges  # where the blocks of a non-ring buffer meet
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
@@ -117,14 +120,14 @@ class SharedKVCache:
 
     def _allocate(self, spec: KVSpec) -> tuple[tuple[int, np.ndarray], ...]:
         rows = self.slots[spec.name]
-        if self.first_block is None or spec.ring:
+        if spec.ring:  # a ring is read whole by every model: one block
             return ((0, np.zeros(spec.shape(rows), self.dtype)),)
-        first = self.first_block
         flat = np.zeros(spec.num_heads * spec.head_dim * rows, self.dtype)
-        cut = spec.num_heads * spec.head_dim * first
-        return (
-            (0, flat[:cut].reshape(spec.shape(first))),
-            (first, flat[cut:].reshape(spec.shape(rows - first))),
+        per_slot = spec.num_heads * spec.head_dim
+        bounds = (0, *self.edges, rows)
+        return tuple(
+            (a, flat[a * per_slot : b * per_slot].reshape(spec.shape(b - a)))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         )
 
     def segments(self, name: str, start: int, stop: int) -> list[tuple[int, int]]:
@@ -140,7 +143,7 @@ class SharedKVCache:
         rows = block.shape[self.specs[name].seq_axis]
         if stop > first + rows:
             raise ValueError(
-                f"KV slots [{start}, {stop}) of {name} cross the edge of its first block "
+                f"KV slots [{start}, {stop}) of {name} cross the edge of a block "
                 f"({first + rows}): take them by segments()"
             )
         return first, block
@@ -167,9 +170,9 @@ class SharedKVCache:
 
     def array(self, name: str, seq_axis: int | None = None) -> np.ndarray:
         """Buffer ``name`` as laid out along ``seq_axis`` (default: its own): the same memory.
-        A buffer of two blocks has no single array (:meth:`rows` takes a block's slots)."""
+        A buffer of several blocks has no single array (:meth:`rows` takes a block's slots)."""
         if len(self.blocks[name]) > 1:
-            raise ValueError(f"{name} is held as two blocks: read it through rows() or view()")
+            raise ValueError(f"{name} is held as blocks: read it through rows() or view()")
         return self._in_axis(name, self.blocks[name][0][1], self._axis(name, seq_axis))
 
     def zeros(self, name: str, rows: int, seq_axis: int | None = None) -> np.ndarray:
@@ -184,7 +187,7 @@ class SharedKVCache:
 
     @property
     def buffers(self) -> dict[str, np.ndarray]:
-        """Each buffer as one array, in its own layout (a cache without a first block)."""
+        """Each buffer as one array, in its own layout (a cache without block edges)."""
         return {name: self.array(name) for name in self.blocks}
 
     @property

@@ -6,6 +6,8 @@ so callers (and tests) can check that a rewrite actually applied.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
@@ -98,12 +100,12 @@ def set_shapes(
     tokens: int | None,
     mask_len: int | None,
     past_len: int | None,
-    split_at: int | None = None,
+    blocks: Sequence[int] = (),
 ) -> None:
     """Reshape to batch 1 with the given token / mask / past lengths (None = dynamic).
 
-    ``split_at``: a model whose past was split (:func:`split_past`) reads its first
-    ``split_at`` slots through the past input and the rest through the tail."""
+    ``blocks``: a model whose past was split (:func:`split_past`) reads that many slots through
+    each of its past inputs in turn (the past, then each tail); they sum to ``past_len``."""
 
     def dim(n: int | None) -> ov.Dimension:
         return ov.Dimension(n) if n is not None else ov.Dimension()
@@ -125,9 +127,11 @@ def set_shapes(
         ring = layout.ring_of(p.layer)  # a ring's length is the same in every model
         if ring is not None:
             shapes[p.input_name] = ov.PartialShape(p.shape(ring))
-        elif split_at is not None and past_len is not None:
-            shapes[p.input_name] = ov.PartialShape(p.shape(split_at))
-            shapes[tail_input(p.input_name)] = ov.PartialShape(p.shape(past_len - split_at))
+        elif blocks:
+            if sum(blocks) != past_len:
+                raise ValueError(f"past blocks {list(blocks)} do not sum to {past_len} slots")
+            for part, rows in enumerate(blocks):
+                shapes[tail_input(p.input_name, part)] = ov.PartialShape(p.shape(rows))
         else:
             shapes[p.input_name] = ov.PartialShape(p.shape(dim(past_len)))
     for window, ring in layout.rings:
@@ -145,9 +149,10 @@ def _param(model: ov.Model, name: str) -> ov.Node:
     )
 
 
-def tail_input(name: str) -> str:
-    """Name of the second past input :func:`split_past` adds next to past input ``name``."""
-    return f"{name}.tail"
+def tail_input(name: str, part: int = 1) -> str:
+    """Name of the ``part``-th input of past ``name`` split by :func:`split_past` (0: the past
+    itself, 1: the first tail, ...)."""
+    return name if part == 0 else f"{name}.tail" if part == 1 else f"{name}.tail{part}"
 
 
 def linear_ports(layout: KVLayout) -> list[KVPort]:
@@ -155,29 +160,38 @@ def linear_ports(layout: KVLayout) -> list[KVPort]:
     return [p for p in layout.ports if layout.ring_of(p.layer) is None]
 
 
-def split_past(model: ov.Model, layout: KVLayout) -> int:
-    """Give every past input a second part, ``past.tail``, read right after it.
+def split_past(model: ov.Model, layout: KVLayout, parts: int = 2) -> int:
+    """Give every past input ``parts - 1`` more parts (``past.tail``, ``past.tail2``, ...), read
+    one after the other right after it.
 
     Two inputs let one dynamic model take its past from either of two bindings of the same
     contiguous buffer: the prefill binds it as ``past`` (sliced to what its mask covers, see
     :func:`slice_past`) and an empty tail; the generate step binds an empty ``past`` and the
-    buffer as the tail, read whole with no slice.  The tail joins the Concat that appends the
-    new KV (one copy per step, as before), and the past length the graph reads off
-    ``ShapeOf(past)`` becomes the sum of both parts.  Returns the number of past inputs split.
+    buffer as the tail, read whole with no slice.  A static model whose past spans several
+    blocks of the KV buffer (``SharedKVCache.edges``) takes one dense block per part.  The
+    tails join the Concat that appends the new KV (one copy per step, as before), and the past
+    length the graph reads off ``ShapeOf(past)`` becomes the sum of the parts.  Returns the
+    number of past inputs split.
     """
+    if parts < 2:
+        raise ValueError(f"a split past has at least 2 parts, not {parts}")
     tails = []
     for port in linear_ports(layout):
         param = _param(model, port.input_name)
-        tail = ops.parameter(
-            param.get_partial_shape(), param.get_element_type(), name=tail_input(port.input_name)
-        )
-        tail.output(0).set_names({tail_input(port.input_name)})
-        past, extra = param.output(0), tail.output(0)
+        past = param.output(0)
+        extras = []
+        for part in range(1, parts):
+            name = tail_input(port.input_name, part)
+            tail = ops.parameter(param.get_partial_shape(), param.get_element_type(), name=name)
+            tail.output(0).set_names({name})
+            tails.append(tail)
+            extras.append(tail.output(0))
         consumers = list(past.get_target_inputs())
         while len(consumers) == 1 and consumers[0].get_node().get_type_name() == "Convert":
-            convert = consumers[0].get_node()  # the KV-precision upcast: give the tail one too
+            convert = consumers[0].get_node()  # the KV-precision upcast: give the tails one too
             past = convert.output(0)
-            extra = ops.convert(extra, convert.get_destination_type()).output(0)
+            kind = convert.get_destination_type()
+            extras = [ops.convert(extra, kind).output(0) for extra in extras]
             consumers = list(past.get_target_inputs())
         joined = None
         for consumer in consumers:
@@ -185,22 +199,24 @@ def split_past(model: ov.Model, layout: KVLayout) -> int:
             kind = node.get_type_name()
             if kind == "Concat" and consumer.get_index() == 0 and node.get_axis() in (2, -2):
                 inputs = [node.input_value(i) for i in range(node.get_input_size())]
-                merged = ops.concat([inputs[0], extra, *inputs[1:]], 2)
+                merged = ops.concat([inputs[0], *extras, *inputs[1:]], 2)
                 merged.set_friendly_name(node.get_friendly_name())
                 node.output(0).replace(merged.output(0))
             elif kind == "ShapeOf":
                 index_type = node.get_output_element_type(0)
                 seq_only = ops.constant(np.array([0, 0, 1, 0]), index_type)
-                tail_len = ops.multiply(ops.shape_of(extra, index_type), seq_only)
-                node.output(0).replace(ops.add(ops.shape_of(past, index_type), tail_len).output(0))
+                total = ops.shape_of(past, index_type).output(0)
+                for extra in extras:
+                    extra_len = ops.multiply(ops.shape_of(extra, index_type), seq_only)
+                    total = ops.add(total, extra_len).output(0)
+                node.output(0).replace(total)
             else:
                 if joined is None:
-                    joined = ops.concat([past, extra], 2)
+                    joined = ops.concat([past, *extras], 2)
                 consumer.replace_source_output(joined.output(0))
-        tails.append(tail)
     model.add_parameters(tails)
     model.validate_nodes_and_infer_types()
-    return len(tails)
+    return len(linear_ports(layout))
 
 
 def slice_past(model: ov.Model, layout: KVLayout) -> int:

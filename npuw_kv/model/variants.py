@@ -37,8 +37,8 @@ class StaticShapes:
     lean_pyramid: bool = False
     lean_generate: bool = False
     window_rings: bool = False  # sliding-window layers' KV in rings (model/ring.py)
-    # the KV buffer's first block laid out for the smallest generate variant (see first_block)
-    dense_first_block: bool = False
+    # the KV buffer cut into blocks where the models' pasts end (see block_edges)
+    dense_blocks: bool = False
 
     @classmethod
     def of(cls, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
@@ -112,22 +112,28 @@ class StaticShapes:
             prompt *= 2
         if self.lean_generate:  # the smallest only: short contexts gain most per model
             pasts = pasts[:1]
-        if pasts and self.dense_first_block:  # a whole number of chunks: no chunk straddles it
-            pasts[0] = min(-(-pasts[0] // self.chunk) * self.chunk, self.generate_past - 1)
+        if self.dense_blocks:  # whole chunks: a block edge there splits no chunk of a prompt
+            whole = (-(-p // self.chunk) * self.chunk for p in pasts)
+            pasts = sorted({min(p, self.generate_past - 1) for p in whole})
         return (*pasts, self.generate_past)
 
     @property
-    def first_block(self) -> int | None:
-        """Slots of the KV buffer's first block (``SharedKVCache.first_block``), or None.
+    def block_edges(self) -> tuple[int, ...]:
+        """Where the KV buffer's blocks meet (``SharedKVCache.edges``): every model's past
+        short of the whole buffer, so that each model reads whole blocks, dense, not a strided
+        view of the buffer (NPUW on the CPU copies a strided past before every call: ~10 % of a
+        short-context step, 4-5 % of a chunk on the top prefill rung at 4k).  Empty unless
+        ``dense_blocks``."""
+        if not self.dense_blocks:
+            return ()
+        pasts = {*self.prefill_pasts, *self.generate_pasts}
+        return tuple(sorted(p for p in pasts if 0 < p < self.generate_past))
 
-        The smallest generate variant then reads a dense block instead of a strided view of
-        the whole buffer (NPUW on the CPU copies a strided past before every step: ~10 % of a
-        short-context step); longer models take their past as that block and the rest.
-        """
-        pasts = self.generate_pasts
-        if not self.dense_first_block or len(pasts) < 2 or pasts[0] % self.chunk:
-            return None
-        return pasts[0]
+    def past_blocks(self, past: int) -> tuple[int, ...]:
+        """The lengths of the blocks a model of ``past`` slots reads, in order (one: the past
+        is a single input)."""
+        bounds = (0, *(e for e in self.block_edges if e < past), past)
+        return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def lean_rungs(whole: int, count: int) -> tuple[int, ...]:
@@ -227,16 +233,15 @@ def static_ladder(
         "prefill": (shapes.chunk, shapes.prefill_pasts),
         "generate": (1, shapes.generate_pasts),
     }
-    first = shapes.first_block  # a past beyond it: two inputs, one per block
     try:
         for phase, (tokens, pasts) in steps.items():
             base, base_layout = bases[phase]
             for past in pasts:
                 m = base.clone()
-                split = first if first is not None and past > first else None
-                if split is not None:
-                    T.split_past(m, base_layout)
-                T.set_shapes(m, base_layout, tokens, past + tokens, past, split)
+                blocks = shapes.past_blocks(past)  # a past over several blocks: one input each
+                if len(blocks) > 1:
+                    T.split_past(m, base_layout, len(blocks))
+                T.set_shapes(m, base_layout, tokens, past + tokens, past, blocks)
                 m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
                 models[phase].append((past, m))
     except Exception as exc:

@@ -32,10 +32,11 @@ stages every transposed-V past but the generate model's whole buffer, and every 
 output.  A port whose axis differs from the buffer's (V transposed in one phase only) gets
 views of the same memory in its own layout (:meth:`SharedKVCache.view`'s ``seq_axis``).
 
-A cache held as two blocks (``SharedKVCache.first_block``): a model whose past ends within the
-first block reads a view of it (the whole block: dense); a longer one has its past split in two
-inputs (``transforms.split_past``), bound to the whole first block and to ``[first_block, past)``
-of the second.  A present write that crosses the edge is staged and copied in two pieces.
+A cache held as blocks (``SharedKVCache.edges``): a model whose past ends within the first block
+reads a view of it (the whole block where the past ends on its edge: dense); a longer one has
+its past split in one input per block (``transforms.split_past``), each bound to the block's
+slots below the past (whole blocks where the past ends on an edge, as the static shapes lay
+them out).  A present write that crosses an edge is staged and copied in pieces.
 
 A sliding-window layer kept as a ring (``BoundPort.ring``, :mod:`npuw_kv.model.ring`) is read
 whole by every model, as the generate past is (dense: the guard binds it directly), and never
@@ -118,6 +119,8 @@ class KVBinding:
         self._ring_synced = 0  # token slots before this are in the rings' staging
         # staged past inputs: input name -> (buffer name, its first slot, the dense array)
         self._staging_in: dict[str, tuple[str, int, np.ndarray]] = {}
+        # past inputs bound as they are: (buffer name, first slot, stop)
+        self._direct_in: set[tuple[str, int, int]] = set()
         self._staging_out: dict[str, np.ndarray] = {}
         self._staging_out_tensors: dict[str, ov.Tensor] = {}
         self._scratch: dict[str, ov.Tensor] = {}
@@ -135,13 +138,14 @@ class KVBinding:
             if sliced:
                 other = port.name if target != port.name else tail_input(port.name)
                 request.set_tensor(other, self._empty(port.name))
-            first = cache.first_block
             path: BindPath
-            if first is not None and not sliced and past_len > first:
-                # a past that runs into the second block: the whole first block, then the rest
-                head = self._bind_past(port, port.name, 0, first, views)
-                tail = self._bind_past(port, tail_input(port.name), first, past_len, views)
-                path = "direct" if head == tail == "direct" else "staged"
+            pieces = [] if sliced else cache.segments(port.name, 0, past_len)
+            if len(pieces) > 1:  # a past over several blocks: one input per block
+                paths = {
+                    self._bind_past(port, tail_input(port.name, part), a, b, views)
+                    for part, (a, b) in enumerate(pieces)
+                }
+                path = "direct" if paths == {"direct"} else "staged"
             elif views and sliced:  # growing (prefill) or whole (generate), checked above
                 # for the prefill, the chunk's output view [start, start + C) lies in this same
                 # buffer, past the slice the mask sets: the request never reads what it writes
@@ -171,6 +175,7 @@ class KVBinding:
         staging array of ``rows`` slots that :meth:`before` keeps in sync."""
         if view is not None and self._direct(view):
             self.request.set_tensor(target, view)
+            self._direct_in.add((port.name, start, start + rows))
             return "direct"
         past = self.cache.zeros(port.name, rows, port.seq_axis)
         self._staging_in[target] = (port.name, start, past)
@@ -257,6 +262,11 @@ class KVBinding:
             return self.cache.view(name, pieces[0][0], pieces[0][1], self._axis[name])
         if stop <= self.cache.capacity:
             if len(self.cache.segments(name, start, stop)) > 1:  # crosses the blocks' edge
+                return None
+            if (name, start, stop) in self._direct_in:
+                # the output would be the very tensor a past input reads (a KV block of one
+                # chunk): NPUW then gives wrong results from the next call on (measured, f16
+                # KV, folded or not); staged instead
                 return None
             return self.cache.view(name, start, stop, self._axis[name])
         # The very last step's KV is never read again (the cache is then full): discard it.

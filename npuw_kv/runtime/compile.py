@@ -195,13 +195,13 @@ def compile_requests(
 
 
 def static_shapes(core: ov.Core, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
-    """The static shapes of ``config``.  Where V is not stored transposed, the KV buffer's
-    first block is laid out for the smallest generate variant (``StaticShapes.first_block``)."""
+    """The static shapes of ``config``.  Where V is not stored transposed, the KV buffer is cut
+    into blocks where the static models' pasts end (``StaticShapes.block_edges``)."""
     shapes = StaticShapes.of(config, kv_capacity)
     if config.use_static_models:
         layouts = value_layouts(config, npuw_target(core, config))
         if not (layouts.prefill or layouts.generate):
-            shapes = replace(shapes, dense_first_block=True)
+            shapes = replace(shapes, dense_blocks=True)
     return shapes
 
 

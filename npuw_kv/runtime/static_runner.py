@@ -113,8 +113,8 @@ class StaticRunner(Runner):
         # TOTAL-1 slots: the generate past input is the whole buffer; the KV of the TOTAL-th
         # token is never read, the last step writes it to scratch.
         requests = self.requests
-        first = None if requests.shared_weights else shapes.first_block
-        self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision, first)
+        edges = () if requests.shared_weights else shapes.block_edges
+        self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision, edges)
 
         def ports(layout: KVLayout) -> list[BoundPort]:
             return [
