@@ -297,3 +297,18 @@ def test_a_chunk_that_fills_a_kv_block_its_model_reads_is_staged(tiny_dir):
     assert (binding.outputs_staged, binding.outputs_direct) == (ports, ports)
     copied = LLMPipeline(tiny_dir, "NPU", kv_binding="copy", **settings)
     assert copied.generate(ids, max_new_tokens=8, ignore_eos=True).tokens == tokens
+
+
+def test_a_sliced_past_binding_does_not_stage_its_first_chunk(tiny_dir):
+    """The counterpart on the CPU's one dynamic model: its prefill binds the whole buffer, not a
+    one-chunk block, so chunk 0's output [0, C) is no past tensor and is written in place."""
+    settings = dict(prefill_chunk_size=C, max_prompt_len=2 * C, min_response_len=16, **EXACT_F32)
+    pipe = LLMPipeline(tiny_dir, "CPU", attention_backend="sdpa", **settings)
+    assert pipe.runner.shared_weights and pipe.runner.prefill_past == C
+    pipe.generate(_ids(2 * C - 4), max_new_tokens=4, ignore_eos=True)
+    binding = pipe.runner.prefill_binding
+    assert (binding.outputs_staged, binding.outputs_direct) == (
+        0,
+        2 * len(pipe.runner.layout.ports),
+    )
+    assert pipe.kv_stats()["host_bytes_copied"] == 0

@@ -175,7 +175,8 @@ class KVBinding:
         staging array of ``rows`` slots that :meth:`before` keeps in sync."""
         if view is not None and self._direct(view):
             self.request.set_tensor(target, view)
-            self._direct_in.add((port.name, start, start + rows))
+            # the slots the bound tensor spans (a sliced past binds the whole buffer)
+            self._direct_in.add((port.name, start, start + view.get_shape()[port.seq_axis]))
             return "direct"
         past = self.cache.zeros(port.name, rows, port.seq_axis)
         self._staging_in[target] = (port.name, start, past)
