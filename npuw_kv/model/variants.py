@@ -8,6 +8,7 @@ so one compiled model (one copy of the weights) can run both shapes on a dynamic
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from itertools import combinations
 from pathlib import Path
 
@@ -117,7 +118,7 @@ class StaticShapes:
             pasts = sorted({min(p, self.generate_past - 1) for p in whole})
         return (*pasts, self.generate_past)
 
-    @property
+    @cached_property  # past_blocks reads it once per model; it re-derives both ladders
     def block_edges(self) -> tuple[int, ...]:
         """Where the KV buffer's blocks meet (``SharedKVCache.edges``): every model's past
         short of the whole buffer, so that each model reads whole blocks, dense, not a strided

@@ -122,7 +122,7 @@ class HostPrefixCache:
         for layer, (k_name, v_name) in enumerate(self._layers):
             view = self.blocks.layer_view(self._window, block, layer)  # [tpb, 2, heads, dim]
             for kv, name in ((0, k_name), (1, v_name)):
-                for a, b in self.cache.segments(name, slot, stop):  # two blocks: maybe 2 pieces
+                for a, b in self.cache.segments(name, slot, stop):  # cut at the block edges
                     # [heads, rows, dim], whichever layout the buffer holds (V transposed or not)
                     rows = self.cache.token_rows(name, a, b)
                     store = view[a - slot : b - slot, kv]
