@@ -56,6 +56,37 @@ def test_pyramid_chunks_read_only_the_past_they_need(tiny_dir, tiny_reference):
     assert used == [112] and again.tokens == tiny_reference(longer, 6)
 
 
+def test_a_variant_that_does_not_reshape_leaves_the_plain_path(
+    tiny_dir, tiny_reference, monkeypatch
+):
+    """A smaller prefill model whose reshape fails: under ``auto`` a warning naming the setting
+    and one prefill model over the whole past (the reference tokens); asked for
+    (``pyramid``), an error naming it. A whole-past model that fails is an error either way."""
+    from npuw_kv.errors import ModelLayoutError
+    from npuw_kv.model import transforms as T
+
+    reshape, refused = T.set_shapes, {16}
+
+    def set_shapes(model, layout, tokens, *rest):
+        if tokens == C and rest[1] in refused:  # (tokens, mask length, past, blocks)
+            raise RuntimeError("this past does not fit")
+        return reshape(model, layout, tokens, *rest)
+
+    monkeypatch.setattr(T, "set_shapes", set_shapes)
+    settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=16, **NPU)
+    with pytest.warns(RuntimeWarning, match=r"NPUW_LLM_PREFILL_ATTENTION_HINT.*past 16"):
+        lean = LLMPipeline(tiny_dir, "NPU", **settings)
+    assert lean.kv_stats()["prefill_variants"] == [112]  # [16, 64, 112] asked for
+    ids = _ids(90)
+    assert lean.generate(ids, max_new_tokens=12, ignore_eos=True).tokens == tiny_reference(ids, 12)
+    assert lean.kv_stats()["prefill_pasts_used"] == [112] * 6
+    with pytest.raises(ModelLayoutError, match=r"prefill_attention .*past 16.*set it 'static'"):
+        LLMPipeline(tiny_dir, "NPU", prefill_attention="pyramid", **settings)
+    refused.add(112)
+    with pytest.raises(ModelLayoutError, match="static reshape failed"):
+        LLMPipeline(tiny_dir, "NPU", prefill_attention="static", **settings)
+
+
 def test_auto_ladders_hold_two_models_more_than_one_per_phase():
     """``auto``: where a generate variant is kept (from ~2k prompts), one prefill model more;
     where none is (1k), two."""

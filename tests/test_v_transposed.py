@@ -133,7 +133,35 @@ def test_explicit_yes_on_a_graph_no_phase_matches_is_refused():
     one = Ladder([], [], layout, layout, {"prefill": "x"})
     with pytest.warns(RuntimeWarning, match="prefill models keep V"):
         check_value_layouts(PipelineConfig.from_kwargs("NPU", optimize_v_tensors=True), one)
-    check_value_layouts(PipelineConfig.from_kwargs("NPU"), ladder)  # auto: kv_stats says it
+    # auto (YES on a real NPU): V stays [1, H, S, D] in both phases, with a warning; where one
+    # phase had matched, the ladder is built again untransposed (True)
+    with pytest.warns(RuntimeWarning, match="NPUW_LLM_OPTIMIZE_V_TENSORS.* auto"):
+        assert not check_value_layouts(PipelineConfig.from_kwargs("NPU"), ladder)
+    with pytest.warns(RuntimeWarning, match="V stays"):
+        assert check_value_layouts(PipelineConfig.from_kwargs("NPU"), one)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        matched = Ladder([], [], layout, layout)
+        assert not check_value_layouts(PipelineConfig.from_kwargs("NPU"), matched)
+
+
+def test_auto_builds_the_plain_ladder_where_one_phase_did_not_match(monkeypatch):
+    """``auto`` never leaves the mixed layout (a V copy at every switch): the ladder is built
+    again with V untransposed in both phases."""
+    from npuw_kv.runtime import compile as compile_
+
+    layout = _toy(True)[1]
+    asked: list[object] = []
+
+    def static_ladder(model, layout_, shapes, values=None):
+        asked.append(values)
+        return Ladder([], [], layout, layout, {"prefill": "no match"} if values else {})
+
+    monkeypatch.setattr(compile_, "static_ladder", static_ladder)
+    config = PipelineConfig.from_kwargs("NPU")
+    with pytest.warns(RuntimeWarning, match="V stays"):
+        ladder = compile_.checked_ladder(None, layout, config, None, "NPU")  # type: ignore[arg-type]
+    assert asked == [VL.ValueLayouts(True, True), None] and not ladder.mismatched
 
 
 @pytest.mark.parametrize(

@@ -221,38 +221,54 @@ class Ladder:
     generate_layout: KVLayout
     # phases where V transposed was asked for but the graph did not match: why
     mismatched: dict[str, str] = field(default_factory=dict)
+    # phases whose smaller variants did not reshape, so only the whole-past model is kept: why
+    dropped: dict[str, str] = field(default_factory=dict)
 
 
 def static_ladder(
     model: ov.Model, layout: KVLayout, shapes: StaticShapes, values: ValueLayouts | None = None
 ) -> Ladder:
     """Clone into every prefill ``[1, C]`` and generate ``[1, 1]`` model of ``shapes``, V
-    stored transposed in the phases ``values`` asks for (``value_layout.py``)."""
+    stored transposed in the phases ``values`` asks for (``value_layout.py``).
+
+    A phase whose smaller variant does not reshape keeps its whole-past model alone (the plain
+    path; ``Ladder.dropped`` says why, for the caller to refuse or warn by the setting); a
+    whole-past model that does not reshape is an error.  The blocks stay those of ``shapes``:
+    a whole-past model reads its past as those blocks either way."""
     bases, mismatched = phase_bases(model, layout, values or ValueLayouts())
     models: dict[str, list[tuple[int, ov.Model]]] = {"prefill": [], "generate": []}
+    dropped: dict[str, str] = {}
     steps = {
         "prefill": (shapes.chunk, shapes.prefill_pasts),
         "generate": (1, shapes.generate_pasts),
     }
-    try:
-        for phase, (tokens, pasts) in steps.items():
-            base, base_layout = bases[phase]
-            for past in pasts:
+    for phase, (tokens, pasts) in steps.items():
+        base, base_layout = bases[phase]
+        for past in pasts:
+            whole = past == pasts[-1]
+            if phase in dropped and not whole:
+                continue
+            try:
                 m = base.clone()
                 blocks = shapes.past_blocks(past)  # a past over several blocks: one input each
                 if len(blocks) > 1:
                     T.split_past(m, base_layout, len(blocks))
                 T.set_shapes(m, base_layout, tokens, past + tokens, past, blocks)
-                m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
-                models[phase].append((past, m))
-    except Exception as exc:
-        raise ModelLayoutError(f"static reshape failed: {exc}") from exc
+            except Exception as exc:
+                if whole:
+                    raise ModelLayoutError(f"static reshape failed: {exc}") from exc
+                dropped[phase] = f"the {phase} model of past {past} did not reshape ({exc})"
+                models[phase] = []
+                continue
+            m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
+            models[phase].append((past, m))
     return Ladder(
         models["prefill"],
         models["generate"],
         bases["prefill"][1],
         bases["generate"][1],
         mismatched,
+        dropped,
     )
 
 

@@ -122,13 +122,13 @@ def compile_requests(
             and "NPUW_FUNCALL_FOR_ALL" not in config.compile_properties
         ):
             props = {**props, "NPUW_FUNCALL_FOR_ALL": "NO"}
-        ladder = static_ladder(
+        ladder = checked_ladder(
             split.body if split is not None else model,
             layout,
+            config,
             shapes,
-            value_layouts(config, str(props.get("NPUW_DEVICES", ""))),
+            str(props.get("NPUW_DEVICES", "")),
         )
-        check_value_layouts(config, ladder)
         prefill_models, generate_models = ladder.prefill, ladder.generate
 
         def compile_all(p: dict[str, Any], pyramid: bool = True, variants: bool = True) -> Requests:
@@ -212,13 +212,36 @@ def value_layouts(config: PipelineConfig, npuw_devices: str) -> ValueLayouts:
     return ValueLayouts(wanted, wanted)
 
 
-def check_value_layouts(config: PipelineConfig, ladder: Ladder) -> None:
-    """A phase whose graph the V rewrite does not match keeps V as ``[1, H, S, D]`` (NPUW does
-    the same per model); the runner then re-lays the prompt's V out at the switch.  Asked for
-    explicitly, that is said in a warning, and refused when no phase matches."""
-    if not ladder.mismatched or config.optimize_v_tensors is None:
-        return
+def checked_ladder(
+    model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes, devices: str
+) -> Ladder:
+    """The static models of ``shapes``, after what the model could not take was refused (a
+    setting asked for) or left for the plain path with a warning (``auto``)."""
+    ladder = static_ladder(model, layout, shapes, value_layouts(config, devices))
+    if check_value_layouts(config, ladder):
+        ladder = static_ladder(model, layout, shapes)  # V as [1, H, S, D] in both phases
+    check_variants(config, ladder)
+    return ladder
+
+
+def check_value_layouts(config: PipelineConfig, ladder: Ladder) -> bool:
+    """Where the V rewrite does not match a phase's graph, that phase keeps V as
+    ``[1, H, S, D]`` (NPUW does the same per model) and the runner re-lays the prompt's V out at
+    the switch.  Asked for explicitly, that is said in a warning, and refused when no phase
+    matches.  Under ``auto`` V stays untransposed in both phases, with a warning: True when the
+    ladder must be built again for that (one phase had matched)."""
+    if not ladder.mismatched:
+        return False
     reasons = "; ".join(f"{phase}: {why}" for phase, why in ladder.mismatched.items())
+    if config.optimize_v_tensors is None:
+        warnings.warn(
+            f"{label('optimize_v_tensors')} auto (V transposed where NPUW runs on an NPU): this "
+            f"model's attention does not match the V-transpose rewrite ({reasons}); V stays "
+            "[1, H, S, D] in every static model. Set it NO to silence this",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return len(ladder.mismatched) < 2
     if len(ladder.mismatched) == 2:
         raise ModelLayoutError(
             f"{label('optimize_v_tensors')} YES: this model's attention does not match the "
@@ -229,8 +252,31 @@ def check_value_layouts(config: PipelineConfig, ladder: Ladder) -> None:
         f"V as [1, H, S, D] ({reasons}); the prompt's V is re-laid out (copied) at every "
         "prefill -> generate switch",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
+    return False
+
+
+def check_variants(config: PipelineConfig, ladder: Ladder) -> None:
+    """A phase whose smaller variants did not reshape runs on its whole-past model alone:
+    refused where the variants were asked for (``prefill_attention='pyramid'``,
+    ``generate_pyramid=YES``), said in a warning where they were ``auto``."""
+    settings = {
+        "prefill": ("prefill_attention", config.prefill_attention == "pyramid", "'static'"),
+        "generate": ("generate_pyramid", config.generate_pyramid is True, "NO"),
+    }
+    for phase, why in ladder.dropped.items():
+        name, explicit, plain = settings[phase]
+        if explicit:
+            raise ModelLayoutError(
+                f"{label(name)}: {why}; set it {plain} (one {phase} model over the whole past)"
+            )
+        warnings.warn(
+            f"{label(name)} auto: {why}; the {phase} runs on one model over the whole past. "
+            f"Set it {plain} to silence this",
+            RuntimeWarning,
+            stacklevel=5,
+        )
 
 
 def compile_paged(core: ov.Core, model: ov.Model, config: PipelineConfig) -> ov.InferRequest:
