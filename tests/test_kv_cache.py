@@ -63,19 +63,25 @@ def test_view_bounds(start, stop):
         make_cache().view("k0", start, stop)
 
 
-def test_safe_copy_handles_aliasing_layouts():
-    # V stored transposed on one side: dst is the transpose-view of the same memory as src
+def test_safe_copy_handles_aliasing_layouts(monkeypatch):
+    """V stored transposed on one side: dst is the transpose-view of the same memory as src.
+    numpy's own copy already detects the overlap, so the copy underneath is made an element by
+    element one (what a device or a C++ copy does): only safe_copy's temporary keeps it right."""
+
+    def element_by_element(dst: np.ndarray, src: np.ndarray) -> None:
+        for index in np.ndindex(dst.shape):
+            dst[index] = src[index]
+
+    naive = np.arange(16, dtype=np.float32).reshape(4, 4)
+    expected = naive.T.copy()
+    element_by_element(naive, naive.T)
+    assert not np.array_equal(naive, expected)  # an unguarded copy corrupts it
+    monkeypatch.setattr(np, "copyto", element_by_element)
     base = np.arange(16, dtype=np.float32).reshape(4, 4)
-    expected = base.T.copy()
     counter = CopyCounter()
     safe_copy(base, base.T, counter)
     np.testing.assert_array_equal(base, expected)
     assert counter.bytes == base.nbytes and counter.copies == 1
-    # a naive in-place copy corrupts it (why safe_copy exists)
-    naive = np.arange(16, dtype=np.float32).reshape(4, 4)
-    for i in range(4):
-        naive[i, :] = naive[:, i]
-    assert not np.array_equal(naive, expected)
 
 
 def test_safe_copy_shape_mismatch():
