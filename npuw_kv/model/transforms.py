@@ -175,8 +175,8 @@ def split_past(model: ov.Model, layout: KVLayout, parts: int = 2) -> int:
     """
     if parts < 2:
         raise ValueError(f"a split past has at least 2 parts, not {parts}")
-    tails = []
-    for port in linear_ports(layout):
+    tails, ports = [], linear_ports(layout)
+    for port in ports:
         param = _param(model, port.input_name)
         past = param.output(0)
         extras = []
@@ -216,7 +216,7 @@ def split_past(model: ov.Model, layout: KVLayout, parts: int = 2) -> int:
                 consumer.replace_source_output(joined.output(0))
     model.add_parameters(tails)
     model.validate_nodes_and_infer_types()
-    return len(linear_ports(layout))
+    return len(ports)
 
 
 def slice_past(model: ov.Model, layout: KVLayout) -> int:
