@@ -35,7 +35,7 @@ __all__ = [
     "draft_model",
 ]
 if "openvino_genai" in sys.modules:  # its draft_model objects are opaque: record their paths
-    from .draft import record_genai_drafts
+    from .generation.draft import record_genai_drafts
 
     record_genai_drafts()
 _RESULTS = ("DecodedResults", "EncodedResults", "MeanStdPair", "PerfMetrics", "TextResult")
@@ -47,20 +47,20 @@ def __getattr__(name: str) -> Any:
         from . import pipeline
 
         return getattr(pipeline, name)
-    if name in _RESULTS:  # genai-shaped results (npuw_kv/results.py)
-        from . import results
+    if name in _RESULTS:  # genai-shaped results (npuw_kv/api/results.py)
+        from .api import results
 
         return getattr(results, name)
     if name == "GenerationConfig":
-        from .sampling import GenerationConfig
+        from .generation.sampling import GenerationConfig
 
         return GenerationConfig
     if name in ("draft_model", "DraftModel"):  # speculative decoding's draft
-        from . import draft
+        from .generation import draft
 
         return getattr(draft, name)
     if name == "PipelineConfig":
-        from .config import PipelineConfig
+        from .config.pipeline_config import PipelineConfig
 
         return PipelineConfig
     raise AttributeError(f"module 'npuw_kv' has no attribute {name!r}")

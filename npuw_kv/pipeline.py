@@ -1,10 +1,10 @@
 """``LLMPipeline``: text in, text out, shaped like ``openvino_genai.LLMPipeline``.
 
 Tokenizing, detokenizing, streaming text and chat templates come from openvino-genai's
-``Tokenizer`` / ``TextStreamer`` (prompts to ids: :mod:`~npuw_kv.encoding`);
-:mod:`~npuw_kv.decode` runs the generation loop over a runner (paged or static-shape); genai's
-input forms are read by :mod:`~npuw_kv.inputs` and the results shaped as genai's by
-:mod:`~npuw_kv.results` (docs/genai-compat.md).
+``Tokenizer`` / ``TextStreamer`` (prompts to ids: :mod:`~npuw_kv.api.encoding`);
+:mod:`~npuw_kv.generation.decode` runs the generation loop over a runner (paged or static-shape);
+genai's input forms are read by :mod:`~npuw_kv.api.inputs` and the results shaped as genai's by
+:mod:`~npuw_kv.api.results` (docs/genai-compat.md).
 """
 
 from __future__ import annotations
@@ -22,28 +22,28 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
-from . import speculative
-from .beam_search import beam_search
-from .chat_history import fit_history
-from .chat_prefix import system_prompt_tokens
-from .config import PipelineConfig
-from .decode import GenerationResult, Streamer, generate_sequences
-from .draft import record_genai_drafts
-from .encoding import PromptEncoder, check_text
+from .api.chat_history import fit_history
+from .api.chat_prefix import system_prompt_tokens
+from .api.encoding import PromptEncoder, check_text
+from .api.inputs import Prompt, check_request, read_inputs
+from .api.perf_metrics import CallTimer
+from .api.pipeline_args import model_directory, pipeline_args, scheduler_settings
+from .api.results import DecodedResults, EncodedResults, TextResult
+from .config.pipeline_config import PipelineConfig
+from .config.settings import label
 from .errors import ModelLoadError
-from .inputs import Prompt, check_request, read_inputs
+from .generation import speculative
+from .generation.beam_search import beam_search
+from .generation.decode import GenerationResult, Streamer, generate_sequences
+from .generation.draft import record_genai_drafts
+from .generation.sampling import GenerationConfig
 from .model.source import trained_context
 from .model.variants import read_ir
-from .perf_metrics import CallTimer
-from .pipeline_args import model_directory, pipeline_args, scheduler_settings
-from .results import DecodedResults, EncodedResults, TextResult
 from .runtime.build import build_runner
 from .runtime.compile import last_line
 from .runtime.heap import fix_mmap_threshold, release_free_heap
-from .runtime.paged_runner import PagedRunner
+from .runtime.paged.runner import PagedRunner
 from .runtime.runner import Runner
-from .sampling import GenerationConfig
-from .settings import label
 
 record_genai_drafts()  # openvino_genai.draft_model objects become readable
 
@@ -59,7 +59,7 @@ class LLMPipeline:
     ``config``: :class:`~npuw_kv.config.PipelineConfig` fields or their NPUW names.  genai's
     forms work too: ``(models_path, device, properties)``, ``(models_path, tokenizer, device,
     ...)``, ``(model_xml, weights, tokenizer, device, generation_config, ...)`` and
-    ``scheduler_config=`` on the paged path (:mod:`npuw_kv.inputs`).
+    ``scheduler_config=`` on the paged path (:mod:`npuw_kv.api.inputs`).
     """
 
     def __init__(
@@ -220,7 +220,7 @@ class LLMPipeline:
     ) -> TextResult | DecodedResults | EncodedResults | GenerationResult:
         """Generate a continuation of ``inputs``, returning what openvino-genai returns.
 
-        A text prompt gives a :class:`~npuw_kv.results.TextResult` (a ``str``; with
+        A text prompt gives a :class:`~npuw_kv.api.results.TextResult` (a ``str``; with
         ``num_return_sequences`` > 1 a ``DecodedResults``); a list of prompts, a
         ``ChatHistory`` or a list of messages ``DecodedResults``; an ``ov.Tensor`` or
         ``TokenizedInputs`` (a batch: one prompt per row, padding dropped by the attention
@@ -299,10 +299,11 @@ class LLMPipeline:
         return config
 
     def _constraint(self, config: GenerationConfig) -> Callable[[], Any] | None:
-        """Structured output: a fresh grammar constraint per sequence (npuw_kv.structured)."""
+        """Structured output: a fresh grammar constraint per sequence
+        (npuw_kv.generation.structured)."""
         if config.structured_output_config is None:
             return None
-        from .structured import constraint_for
+        from .generation.structured import constraint_for
 
         return lambda: constraint_for(
             config.structured_output_config, self.tokenizer, self.vocab_size, config.stop_ids()

@@ -30,8 +30,7 @@ import numpy as np
 import openvino as ov
 
 from npuw_kv import LLMPipeline
-from npuw_kv.bench_worker import status_mb
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.model.layer_split import LayerSplit, split_layers
 from npuw_kv.model.layout import KVLayout
 from npuw_kv.model.source import resolve_model
@@ -39,7 +38,8 @@ from npuw_kv.model.split import EMBEDS_INPUT, split_model
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
 from npuw_kv.runtime.compile import _head_target
 from npuw_kv.runtime.device import device_properties, resolve_kv_precision
-from npuw_kv.runtime.plan import PromptPlan, prefill_inputs
+from npuw_kv.runtime.static.plan import PromptPlan, prefill_inputs
+from npuw_kv.tools.bench_worker import status_mb
 
 
 class Phase:

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from npuw_kv import LLMPipeline
-from npuw_kv.prompts import prompt_ids
+from npuw_kv.tools.prompts import prompt_ids
 
 GOAL = 0.3
 

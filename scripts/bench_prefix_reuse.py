@@ -23,7 +23,7 @@ import argparse
 import numpy as np
 
 from npuw_kv import LLMPipeline
-from npuw_kv.prompts import prompt_ids
+from npuw_kv.tools.prompts import prompt_ids
 
 FIRST, NEW = 400, 60  # document and question tokens (--doc-tokens, --question-tokens)
 

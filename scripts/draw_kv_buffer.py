@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draw the shared KV buffer of one layer and the views the prefill and generate models use.
 
-The static-shape path (``npuw_kv/runtime/static_runner.py``, ``runtime/binding.py``) keeps one
+The static-shape path (``npuw_kv/runtime/static/runner.py``, ``runtime/binding.py``) keeps one
 buffer ``[1, H, L-1, D]`` per layer for K and one for V, L = MAX_PROMPT_LEN + MIN_RESPONSE_LEN.
 Each prefill chunk reads the slots before it (its past view) and writes its C new rows straight
 into the next C slots (its present view); every generate step reads the whole buffer and writes

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # npuw_kv from 
 
 from npuw_kv.model.ring import ring_slots  # noqa: E402
 from npuw_kv.model.variants import StaticShapes  # noqa: E402
-from npuw_kv.runtime.plan import PromptPlan  # noqa: E402
-from npuw_kv.runtime.rings import held_slots, window_mask  # noqa: E402
+from npuw_kv.runtime.static.plan import PromptPlan  # noqa: E402
+from npuw_kv.runtime.static.rings import held_slots, window_mask  # noqa: E402
 
 # Cell kinds of the buffer row and of the spans of a call row: ``chunk0``, ``chunk1``, ... are
 # the rows one prefill chunk wrote (the same colour in the buffer and in that chunk's present

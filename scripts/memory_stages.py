@@ -72,7 +72,7 @@ def _worker(runtime: str, prompt_len: int, new_tokens: int, properties: dict[str
     import openvino_genai
 
     from npuw_kv.model.source import resolve_model
-    from npuw_kv.prompts import prompt_ids
+    from npuw_kv.tools.prompts import prompt_ids
 
     model = resolve_model(None)
     ids = prompt_ids(openvino_genai.Tokenizer(str(model)), prompt_len)
@@ -80,7 +80,7 @@ def _worker(runtime: str, prompt_len: int, new_tokens: int, properties: dict[str
     if runtime == "npuw-kv":
         _npuw_kv(model, ids, new_tokens, properties)
         return
-    from npuw_kv.bench_worker import genai_pipeline, genai_properties
+    from npuw_kv.tools.bench_worker import genai_pipeline, genai_properties
 
     genai = genai_pipeline(runtime, model, genai_properties(properties), 1024, 128)
     _stage("load")

@@ -141,7 +141,7 @@ def run_chat(pipe: Any, turns: int, log: Log) -> None:
 
 def run_varied(pipe: Any, calls: int, max_len: int, seed: int, log: Log) -> None:
     """``calls`` prompts of random length and start in real text, 8 new tokens each."""
-    from npuw_kv.prompts import prompt_ids
+    from npuw_kv.tools.prompts import prompt_ids
 
     text = prompt_ids(pipe.get_tokenizer(), 4 * max_len)
     rng = np.random.default_rng(seed)
@@ -155,7 +155,7 @@ def run_varied(pipe: Any, calls: int, max_len: int, seed: int, log: Log) -> None
 def cold_ttft(pipe: Any, tokens: int, repeats: int = 3) -> float:
     """Min TTFT of a prompt of ``tokens`` ids that no cached prefix matches: each repeat starts
     with a token id no earlier prompt started with, so nothing can be reused."""
-    from npuw_kv.prompts import prompt_ids
+    from npuw_kv.tools.prompts import prompt_ids
 
     text = prompt_ids(pipe.get_tokenizer(), tokens - 1)
     times = []

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import openvino as ov
 
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.model.source import resolve_model, wide_activations
 from npuw_kv.model.split import split_model
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_ladder

@@ -15,10 +15,10 @@ import openvino as ov
 import openvino_genai
 import pytest
 
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.model.source import resolve_model
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.prompts import prompt_ids
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.tools.prompts import prompt_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from npuw_kv.accuracy import metrics
-from npuw_kv.accuracy.report import markdown, table
-from npuw_kv.accuracy.result import Result
+from npuw_kv.tools.accuracy import metrics
+from npuw_kv.tools.accuracy.report import markdown, table
+from npuw_kv.tools.accuracy.result import Result
 
 
 def test_first_divergence():

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npuw_kv.accuracy.modes import PEER_SLACK
-from npuw_kv.accuracy.peers import gate_against_peer
-from npuw_kv.accuracy.report import table
-from npuw_kv.accuracy.result import Result
-from npuw_kv.accuracy.run import _run_one
-from npuw_kv.cli import main
+from npuw_kv.cli.commands import main
+from npuw_kv.tools.accuracy.modes import PEER_SLACK
+from npuw_kv.tools.accuracy.peers import gate_against_peer
+from npuw_kv.tools.accuracy.report import table
+from npuw_kv.tools.accuracy.result import Result
+from npuw_kv.tools.accuracy.run import _run_one
 
 
 @pytest.mark.slow(seconds=390)

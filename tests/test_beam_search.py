@@ -13,7 +13,7 @@ import openvino as ov
 import pytest
 from conftest import make_pipe
 
-from npuw_kv.generation_config import GenerationConfig
+from npuw_kv.api.generation_config import GenerationConfig
 from npuw_kv.kv.blocks.sequence import blocks_for
 
 BEAMS = {"num_beams": 4, "num_return_sequences": 4, "max_new_tokens": 16}

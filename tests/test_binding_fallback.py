@@ -12,7 +12,7 @@ import pytest
 from npuw_kv.model.layout import KVLayout, KVPort
 from npuw_kv.model.variants import StaticShapes
 from npuw_kv.runtime.compile import Requests
-from npuw_kv.runtime.static_runner import StaticRunner
+from npuw_kv.runtime.static.runner import StaticRunner
 
 
 class StridedRefusingRequest:

@@ -19,14 +19,14 @@ import openvino as ov
 import pytest
 from conftest import RecordingRequest
 
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter
 from npuw_kv.model.source import resolve_model
 from npuw_kv.model.variants import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
-from npuw_kv.runtime.binding import BoundPort, KVBinding
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.runtime.static.binding import BoundPort, KVBinding
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402

@@ -1,8 +1,8 @@
-"""Trimming a chat to fit the next turn (npuw_kv.chat_history), with a word count for tokens."""
+"""Trimming a chat to fit the next turn (npuw_kv.api.chat_history), with a word count for tokens."""
 
 from __future__ import annotations
 
-from npuw_kv.chat_history import fit_history
+from npuw_kv.api.chat_history import fit_history
 
 
 def _count(messages: list[dict[str, str]]) -> int:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from npuw_kv.cli import main
+from npuw_kv.cli.commands import main
 
 
 def test_inspect_prints_layout_and_shapes(capsys):
@@ -136,7 +136,7 @@ def test_bench_static_path_reports_chunk_time_by_past(capsys, tmp_path):
 
 
 def test_chunk_times_are_grouped_by_past():
-    from npuw_kv.bench_worker import chunk_ms_by_past
+    from npuw_kv.tools.bench_worker import chunk_ms_by_past
 
     grouped = chunk_ms_by_past([64, 0, 64, 112], [30.0, 10.0, 50.0, 70.0])
     assert grouped == [[0, 10.0, 1], [64, 40.0, 2], [112, 70.0, 1]]
@@ -146,7 +146,7 @@ def test_chunk_times_are_grouped_by_past():
 
 def test_bench_device_picks_our_runtime_and_conflicts_are_reported(capsys):
     """``bench --device`` picks our path; with ``--runtimes`` too it is an error, not ignored."""
-    from npuw_kv.bench import _runtimes
+    from npuw_kv.tools.bench import _runtimes
 
     assert _runtimes(None, None) == ["npuw-kv", "genai-cpu"]
     assert _runtimes(None, "npu") == ["npuw-kv-npu", "genai-cpu"]
@@ -161,7 +161,7 @@ def test_bench_device_picks_our_runtime_and_conflicts_are_reported(capsys):
 
 def _fake_bench_worker(monkeypatch, fail=()):
     """Replace the bench subprocesses: ``fail`` runtimes fail, the others give a fixed result."""
-    import npuw_kv.bench as bench
+    import npuw_kv.tools.bench as bench
 
     calls = []
 
@@ -246,10 +246,10 @@ def test_bench_quick_with_an_explicit_length_is_an_error(capsys, monkeypatch):
 
 def test_inspect_model_given_twice_is_an_error(capsys, monkeypatch):
     """``inspect -m A B`` names two models: exit 2 naming both; either alone is the model."""
-    import npuw_kv.inspect_model
+    import npuw_kv.cli.describe
 
     seen = []
-    monkeypatch.setattr(npuw_kv.inspect_model, "describe", lambda m, *a, **k: seen.append(m))
+    monkeypatch.setattr(npuw_kv.cli.describe, "describe", lambda m, *a, **k: seen.append(m))
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "-m", "smollm2", "/nope"])
     assert exc.value.code == 2
@@ -273,7 +273,7 @@ def test_generate_without_new_tokens_reports_no_rate(capsys):
 
 def test_bench_prefix_reuse_override_reaches_the_worker():
     """Runs are cold by default; ``-p PREFIX_REUSE=YES`` (any spelling) turns reuse back on."""
-    from npuw_kv.bench_worker import measure
+    from npuw_kv.tools.bench_worker import measure
 
     shapes = {"prefill_chunk_size": 32}
     cold = measure("npuw-kv", None, 40, 2, 1, shapes, 64, 8)
@@ -286,7 +286,7 @@ def test_bench_chunk_reaches_npuw_llm_as_well_as_ours(monkeypatch):
     NPUW's LLM pipeline is built with it, not with a chunk of its own (256 when none is given)."""
     import openvino_genai
 
-    from npuw_kv.bench_worker import genai_pipeline
+    from npuw_kv.tools.bench_worker import genai_pipeline
 
     seen = []
 
@@ -294,7 +294,7 @@ def test_bench_chunk_reaches_npuw_llm_as_well_as_ours(monkeypatch):
         seen.append((runtime, args.chunk, dict(extra)))
         return {"runtime": runtime, "error": "not run"}
 
-    monkeypatch.setattr("npuw_kv.bench._run_worker", worker)
+    monkeypatch.setattr("npuw_kv.tools.bench._run_worker", worker)
     for flags in (["--chunk", "512"], ["-p", "NPUW_LLM_PREFILL_CHUNK_SIZE=512"]):
         seen.clear()
         main(["bench", "--runtimes", "npuw-kv-npu,npuw-llm", *flags])

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-import npuw_kv.cli as cli
-from npuw_kv.cli import main
+import npuw_kv.cli.commands as cli
+from npuw_kv.cli.commands import main
 
 CLI = [sys.executable, "-m", "npuw_kv.cli"]
 COUNTING = "Count from 1 to 300, separated by commas."  # a long answer, to interrupt
@@ -207,8 +207,8 @@ def test_a_failed_chat_turn_is_one_line_and_the_session_goes_on(capsys, monkeypa
 @pytest.mark.parametrize("command", ["inspect", "bench"])
 def test_ctrl_c_and_a_closed_stdout_elsewhere(capsys, monkeypatch, command):
     """Any command: Ctrl-C is exit 130 in one line, a closed stdout 141 in silence."""
-    import npuw_kv.bench
-    import npuw_kv.inspect_model
+    import npuw_kv.cli.describe
+    import npuw_kv.tools.bench
 
     cases = ((KeyboardInterrupt, 130, "npuw-kv: interrupted\n"), (BrokenPipeError, 141, ""))
     for exc, code, err in cases:
@@ -216,7 +216,7 @@ def test_ctrl_c_and_a_closed_stdout_elsewhere(capsys, monkeypatch, command):
         def fail(*args: Any, exc: type[BaseException] = exc, **kwargs: Any) -> None:
             raise exc
 
-        monkeypatch.setattr(npuw_kv.inspect_model, "describe", fail)
-        monkeypatch.setattr(npuw_kv.bench, "run_bench", fail)
+        monkeypatch.setattr(npuw_kv.cli.describe, "describe", fail)
+        monkeypatch.setattr(npuw_kv.tools.bench, "run_bench", fail)
         assert main([command]) == code
         assert capsys.readouterr().err == err

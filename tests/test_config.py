@@ -8,9 +8,9 @@ import warnings
 import openvino as ov
 import pytest
 
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.runtime.device import resolve_kv_precision
-from npuw_kv.settings import EXACT_F32
 
 
 def test_npuw_names_set_the_same_fields():

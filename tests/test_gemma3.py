@@ -18,13 +18,13 @@ import openvino as ov
 import openvino_genai
 import pytest
 
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelSourceError
 from npuw_kv.model import gemma3
 from npuw_kv.model.source import declared_window, resolve_model, trained_context
 from npuw_kv.model.variants import prepare, read_ir
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.prompts import prompt_ids
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.tools.prompts import prompt_ids
 
 PROMPT, NEW = 1000, 32
 WINDOWS = (512,) * 5 + (None,) + (512,) * 5 + (None,) + (512,) * 5 + (None,)

@@ -14,9 +14,9 @@ import openvino as ov
 import openvino_genai
 import pytest
 
-from npuw_kv.decode import generate_sequences, generate_tokens
-from npuw_kv.generation_config import SIZE_MAX, GenerationConfig
-from npuw_kv.logits_process import LogitsConstraint, log_softmax
+from npuw_kv.api.generation_config import SIZE_MAX, GenerationConfig
+from npuw_kv.generation.decode import generate_sequences, generate_tokens
+from npuw_kv.generation.logits_process import LogitsConstraint, log_softmax
 
 COUNT = "Count: 1, 2, 3, 4, 5, 6,"
 

@@ -8,8 +8,8 @@ import gguf
 import numpy as np
 import pytest
 
-from npuw_kv.cli import main
-from npuw_kv.config import PipelineConfig
+from npuw_kv.cli.commands import main
+from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.model.gguf_fix import _q4_1_rows
 from npuw_kv.model.source import default_gguf
 

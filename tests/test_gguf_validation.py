@@ -205,7 +205,7 @@ def test_cli_exits_with_an_error_not_a_crash(tiny, tmp_path):
     bad = tmp_path / "half.gguf"
     bad.write_bytes(half(tiny.read_bytes(), tiny))
     cache = tmp_path / "cache"
-    code = "import sys; from npuw_kv.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from npuw_kv.cli.commands import main; sys.exit(main(sys.argv[1:]))"
     result = subprocess.run(
         [sys.executable, "-c", code, "inspect", "--model", str(bad)],
         cwd=ROOT,

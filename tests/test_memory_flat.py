@@ -34,7 +34,7 @@ _LOOP = """
 import json, sys
 import numpy as np
 from npuw_kv import LLMPipeline
-from npuw_kv.prompts import prompt_ids
+from npuw_kv.tools.prompts import prompt_ids
 
 calls = int(sys.argv[1])
 pipe = LLMPipeline(max_prompt_len=256, prefill_chunk_size=256)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.model.variants import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.settings import EXACT_F32
 
 C = 16
 # NPUW's default partitioning cannot run these tiny graphs (see test_tiny_model.py)
@@ -128,7 +128,7 @@ def test_lean_rungs_minimise_the_slots_a_full_prompt_reads():
 def test_accuracy_modes_shape_the_ladders_they_name():
     """`npuw-kv accuracy --modes pyramid` runs the full ladders, `no-pyramid` one model per
     phase, `exact` the defaults (the lean ladders): each gated at 1k and 4k on NPU."""
-    from npuw_kv.accuracy.modes import MODES
+    from npuw_kv.tools.accuracy.modes import MODES
 
     def ladders(mode: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, **MODES[mode])
@@ -249,7 +249,7 @@ def test_prefill_runs_the_head_only_where_logits_are_read(tiny_dir):
     ],
 )
 def test_variant_settings_refused_where_they_mean_nothing(settings, message):
-    from npuw_kv.config import PipelineConfig
+    from npuw_kv.config.pipeline_config import PipelineConfig
 
     device = settings.pop("device", "NPU")
     with pytest.raises(ValueError, match=message):
@@ -257,7 +257,7 @@ def test_variant_settings_refused_where_they_mean_nothing(settings, message):
 
 
 def test_variant_settings_take_npuw_names():
-    from npuw_kv.config import PipelineConfig
+    from npuw_kv.config.pipeline_config import PipelineConfig
 
     config = PipelineConfig.from_kwargs(
         "NPU",

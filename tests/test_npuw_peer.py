@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from npuw_kv.cli import main
+from npuw_kv.cli.commands import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_smollm2_optimum_ir import make_smollm2_optimum_ir  # noqa: E402

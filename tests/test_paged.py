@@ -9,10 +9,10 @@ import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE
 
 from npuw_kv import LLMPipeline
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import CapacityError, CompileError
 from npuw_kv.pipeline import GenerationResult
-from npuw_kv.settings import EXACT_F32
 
 # most of these run at the device's defaults (u8 KV, the CPU's compute precision)
 pytestmark = pytest.mark.device_defaults

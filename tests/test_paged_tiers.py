@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from conftest import make_pipe
 
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.blocks import SHARES_ENV
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.runtime.paged_runner import SYSTEM_PRIORITY
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.runtime.paged.runner import SYSTEM_PRIORITY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.runtime.plan import (
+from npuw_kv.runtime.static.plan import (
     PromptPlan,
     Slots,
     chunk_past_len,

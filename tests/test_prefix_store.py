@@ -8,7 +8,7 @@ import pytest
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter
 from npuw_kv.model.layout import KVLayout, KVPort
-from npuw_kv.runtime.prefix_store import HostPrefixCache
+from npuw_kv.runtime.static.prefix_store import HostPrefixCache
 
 HEADS, DIM, LAYERS, SLOTS = 2, 8, 3, 256
 

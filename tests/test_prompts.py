@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.prompts import prompt_ids, stdlib_text
+from npuw_kv.tools.prompts import prompt_ids, stdlib_text
 
 
 def test_prompt_is_the_start_of_the_text(smol_tokenizer) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from npuw_kv.model.ring import plan_rings, ring_slots
-from npuw_kv.runtime.rings import ring_keeps, ring_segments, window_mask
+from npuw_kv.runtime.static.rings import ring_keeps, ring_segments, window_mask
 
 
 def test_ring_is_window_plus_chunk_in_whole_chunks():

@@ -10,7 +10,7 @@ import pytest
 from conftest import make_pipe
 
 from npuw_kv import LLMPipeline
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.config.settings import EXACT_F32
 
 
 def test_two_threads_get_what_one_thread_gets(any_pipe, text_ids):

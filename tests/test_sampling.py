@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.sampling import GenerationConfig, Sampler
+from npuw_kv.generation.sampling import GenerationConfig, Sampler
 
 
 def test_top_k_1_is_greedy_even_on_tied_logits():
@@ -65,7 +65,7 @@ def test_min_p_drops_tokens_below_a_share_of_the_best():
 
 
 def test_penalties_follow_genai_formulas():
-    from npuw_kv.logits_process import LogitsProcessor
+    from npuw_kv.generation.logits_process import LogitsProcessor
 
     config = GenerationConfig(presence_penalty=1.0, frequency_penalty=0.5, min_new_tokens=4)
     process = LogitsProcessor(GenerationConfig.build(config, eos_token_id=3), np.array([2]))
@@ -80,7 +80,7 @@ def test_penalties_follow_genai_formulas():
 
 
 def test_no_repeat_ngram_bans_what_would_repeat_an_ngram():
-    from npuw_kv.logits_process import LogitsProcessor
+    from npuw_kv.generation.logits_process import LogitsProcessor
 
     rng = np.random.default_rng(0)
     for n in (1, 2, 3):

@@ -76,7 +76,7 @@ def test_kv_buffer_scenarios_follow_the_runtime() -> None:
     import kv_buffer_scenarios as kb
 
     from npuw_kv.model.variants import StaticShapes
-    from npuw_kv.runtime.rings import ring_segments
+    from npuw_kv.runtime.static.rings import ring_segments
 
     pyramid = kb.pyramid_prefill()
     chunks = [r for r in pyramid.rows if isinstance(r, kb.Row) and r.title.startswith("prefill")]
@@ -144,7 +144,7 @@ def test_soak() -> None:
 
 def test_bench_snippet_kernels() -> None:
     """What used to be scripts/snippet_kernel_memory.py (docs/measurements.md)."""
-    out = run("-m", "npuw_kv.bench", "--snippet-kernels")
+    out = run("-m", "npuw_kv.tools.bench", "--snippet-kernels")
     rows = re.findall(r"^ +\d+ +\d+ +[\d.]+ +[\d.]+ +([\d.]+)$", out, re.MULTILINE)
     assert len(rows) == 4 and all(float(mb) > 0 for mb in rows), out
 
@@ -154,7 +154,7 @@ def test_accuracy_default_parts(tmp_path: Path) -> None:
     mode = "u8-kv"
     out = run(
         "-m",
-        "npuw_kv.cli",
+        "npuw_kv.cli.commands",
         "accuracy",
         "--prompt-lens",
         "64",

@@ -16,13 +16,13 @@ import openvino as ov
 import openvino_genai
 import pytest
 
+from npuw_kv.cli.describe import describe
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
-from npuw_kv.inspect_model import describe
 from npuw_kv.model import window
 from npuw_kv.model.source import declared_window
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.runtime import static_runner
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.runtime.static import runner as static_runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402

@@ -1,4 +1,4 @@
-"""Prompt-lookup and speculative decoding (npuw_kv/speculative.py) on SmolLM2, exact f32.
+"""Prompt-lookup and speculative decoding (npuw_kv/generation/speculative.py) on SmolLM2, exact f32.
 
 The main model checks the chosen token and K candidates in one PagedAttention call; a token
 the sampler takes from those rows costs no call of its own.  So the answer must be plain
@@ -16,8 +16,8 @@ from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe, make_tiny_gguf
 
 import npuw_kv
 from npuw_kv import LLMPipeline
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.model.source import resolve_model
-from npuw_kv.settings import EXACT_F32
 
 SETTINGS = dict(
     prefill_chunk_size=CHUNK,

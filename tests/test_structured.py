@@ -11,12 +11,12 @@ import numpy as np
 import openvino_genai
 import pytest
 
-from npuw_kv.decode import generate_tokens
-from npuw_kv.generation_config import GenerationConfig
-from npuw_kv.grammar import grammar_source
-from npuw_kv.logits_process import LogitsConstraint
-from npuw_kv.settings import EXACT_F32
-from npuw_kv.structured import GrammarConstraint, _backend, constraint_for, vocab_type_of
+from npuw_kv.api.generation_config import GenerationConfig
+from npuw_kv.config.settings import EXACT_F32
+from npuw_kv.generation.decode import generate_tokens
+from npuw_kv.generation.grammar import grammar_source
+from npuw_kv.generation.logits_process import LogitsConstraint
+from npuw_kv.generation.structured import GrammarConstraint, _backend, constraint_for, vocab_type_of
 
 SOC = openvino_genai.StructuredOutputConfig
 VOCAB = 49152  # SmolLM2's tokenizer and model

@@ -13,8 +13,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.settings import EXACT_F32
 
 C = 16
 

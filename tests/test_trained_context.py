@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.model.source import SOURCE_INFO, resolve_model, trained_context
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.settings import EXACT_F32
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402
@@ -68,7 +68,7 @@ def test_generation_stops_at_the_trained_context(short_model):
 
 def test_inspect_applies_the_same_rules(short_model):
     """``npuw-kv inspect`` shows the shapes a pipeline would use, or refuses as it would."""
-    from npuw_kv.inspect_model import describe
+    from npuw_kv.cli.describe import describe
 
     ir, _ = short_model
     with pytest.raises(ValueError, match="trained context of 80"):

@@ -7,12 +7,12 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
 from npuw_kv.model import attention as A
 from npuw_kv.model import transforms as T
 from npuw_kv.model.layout import discover_layout
 from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
-from npuw_kv.settings import EXACT_F32
 
 SHAPES = StaticShapes(chunk=64, max_prompt_len=256, total_len=320)
 

@@ -17,7 +17,8 @@ import openvino.opset13 as ops
 import pytest
 from conftest import RecordingRequest
 
-from npuw_kv.config import PipelineConfig
+from npuw_kv.config.pipeline_config import PipelineConfig
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter, copy_by_dim, relayout
@@ -27,10 +28,9 @@ from npuw_kv.model.source import resolve_model
 from npuw_kv.model.variants import Ladder, StaticShapes, prepare, read_ir, static_pair
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
-from npuw_kv.runtime.binding import BoundPort, KVBinding
 from npuw_kv.runtime.compile import check_value_layouts
-from npuw_kv.runtime.prefix_store import HostPrefixCache
-from npuw_kv.settings import EXACT_F32
+from npuw_kv.runtime.static.binding import BoundPort, KVBinding
+from npuw_kv.runtime.static.prefix_store import HostPrefixCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402

@@ -18,7 +18,8 @@ layouts overlap).  ``content_axis`` says which layout the slots hold now.
 
 A sliding-window layer may keep its KV in a ring (``KVSpec.ring`` slots, see
 :mod:`npuw_kv.model.ring`) instead of the whole capacity: its buffer is that long, and the slots
-the methods take are the ring's own (:mod:`npuw_kv.runtime.rings` maps token slots onto them).
+the methods take are the ring's own (:mod:`npuw_kv.runtime.static.rings` maps token slots onto
+them).
 
 With ``edges`` a (non-ring) buffer is laid out as blocks one after the other in the same memory,
 cut at those slots: slots ``[0, e1)`` as a dense ``[1, heads, e1, head_dim]``, then ``[e1, e2)``,

@@ -11,9 +11,10 @@ A ring's slots are not in token order, so neither the slot index (the graph's ow
 the count of live slots before a key (:mod:`.window`'s rewrite) gives a key's position.  Each
 windowed attention takes its mask as an input instead, ``window_mask.{W}`` ``[1, 1, T, R + T]``
 (additive: 0 or -inf), which the runtime computes from the token it wrote into each slot
-(:mod:`npuw_kv.runtime.rings`).  The full layers keep the graph's mask.  A transformers export
-reads that mask's key count off the *first* layer's past (``ShapeOf(past 0)``); when the first
-layer is windowed its past is now the ring, so such reads are pointed at a full layer's past.
+(:mod:`npuw_kv.runtime.static.rings`).  The full layers keep the graph's mask.  A
+transformers export reads that mask's key count off the *first* layer's past (``ShapeOf(past
+0)``); when the first layer is windowed its past is now the ring, so such reads are pointed at
+a full layer's past.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config.settings import GGUF_ZERO_POINTS
 from ..errors import ModelSourceError
-from ..settings import GGUF_ZERO_POINTS
 from .ir_cache import (
     IR_FILES,
     SOURCE_INFO,

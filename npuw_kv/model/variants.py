@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ..config import PipelineConfig
+from ..config.pipeline_config import PipelineConfig
 from ..errors import ModelLayoutError, ModelLoadError
 from . import attention as A
 from . import transforms as T

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino as ov
 
-from ..config import PipelineConfig
+from ..config.pipeline_config import PipelineConfig
+from ..config.settings import STORE_BLOCK_TOKENS, label
 from ..errors import CompileError
 from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
@@ -29,12 +30,11 @@ from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window, wide_activations
 from ..model.variants import prepare, read_ir
-from ..settings import STORE_BLOCK_TOKENS, label
 from .compile import compile_paged, compile_requests, last_line, static_shapes
 from .device import resolve_kv_precision
-from .paged_runner import PagedRunner
+from .paged.runner import PagedRunner
 from .runner import Runner
-from .static_runner import StaticRunner
+from .static.runner import StaticRunner
 
 T = TypeVar("T")
 PAGED_ONLY = ("prefix_cache_host_tokens", "kv_window_shares")  # the block manager's tiers

@@ -8,13 +8,13 @@ from typing import Any
 
 import openvino as ov
 
-from ..config import PipelineConfig
+from ..config.pipeline_config import PipelineConfig
+from ..config.settings import label
 from ..errors import CompileError, ModelLayoutError
 from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
 from ..model.variants import Ladder, StaticShapes, shared_dynamic, static_ladder
-from ..settings import label
 from .device import (
     compute_precision,
     device_properties,

@@ -14,7 +14,7 @@ from typing import Any
 
 import openvino as ov
 
-from ..config import PipelineConfig
+from ..config.pipeline_config import PipelineConfig
 
 _BANKS = itertools.count()
 

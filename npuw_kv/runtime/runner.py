@@ -57,7 +57,8 @@ class Runner(ABC):
     def step(self, token: int) -> np.ndarray:
         """Feed one generated token; the next logits."""
 
-    # speculative decoding (npuw_kv/speculative.py); only the PagedAttention runner has it
+    # speculative decoding (npuw_kv/generation/speculative.py); only the PagedAttention runner
+    # has it
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed ``tokens`` in one call; the logits after each of them, ``[n, vocab]``."""
         raise ValueError(SPECULATIVE_PATH)

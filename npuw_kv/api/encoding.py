@@ -1,0 +1,84 @@
+"""Text and chat messages to token ids: openvino-genai's tokenizer and the model's chat template.
+
+Text a tokenizer cannot take is refused with a ``ValueError`` that says why, before
+openvino-genai fails on it less clearly, and the tokenizer's own failures become
+``ValueError`` too.  The time spent is recorded in genai's ``PerfMetrics`` spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeVar
+
+import numpy as np
+import openvino_genai
+
+from ..runtime.compile import last_line
+from .perf_metrics import CallTimer
+
+T = TypeVar("T")
+
+
+def _ids(encoded: Any) -> np.ndarray:
+    return np.asarray(encoded.input_ids.data, np.int64).reshape(-1)
+
+
+def check_text(text: object) -> None:
+    """Refuse what no tokenizer can take, before openvino-genai fails on it less clearly."""
+    if not isinstance(text, str):
+        raise ValueError(f"expected text (str), got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"text is not valid Unicode: {exc.reason} at character {exc.start} "
+            f"({text[exc.start : exc.end]!r}); undecodable input bytes end up as such "
+            "characters, decode the input as UTF-8 (or with errors='replace') first"
+        ) from None
+
+
+def _tokenize(run: Callable[[], T]) -> T:
+    """``run()``, with the tokenizer's own failures as ``ValueError``."""
+    try:
+        return run()
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
+
+
+def _span(timer: CallTimer | None, key: str) -> AbstractContextManager[None]:
+    return timer.span(key) if timer else nullcontext()
+
+
+class PromptEncoder:
+    """Token ids of a prompt given as text or as chat messages."""
+
+    def __init__(self, tokenizer: openvino_genai.Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def text(self, prompt: str, timer: CallTimer | None = None) -> np.ndarray:
+        """``prompt`` as raw text (the tokenizer adds its special tokens, e.g. BOS)."""
+        check_text(prompt)
+        with _span(timer, "tokenization_durations"):
+            return _tokenize(lambda: _ids(self.tokenizer.encode(prompt)))
+
+    def messages(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None = None,
+        extra_context: dict[str, Any] | None = None,
+        timer: CallTimer | None = None,
+    ) -> np.ndarray:
+        """``messages`` through the chat template, ready for the assistant's turn."""
+        for message in messages:
+            check_text(message.get("content", ""))
+
+        def run() -> np.ndarray:
+            with _span(timer, "chat_template_durations"):
+                text = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tools=tools, extra_context=extra_context
+                )
+            with _span(timer, "tokenization_durations"):
+                return _ids(self.tokenizer.encode(text, add_special_tokens=False))
+
+        return _tokenize(run)

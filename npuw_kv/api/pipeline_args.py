@@ -1,0 +1,173 @@
+"""The constructor of :class:`~npuw_kv.pipeline.LLMPipeline` in openvino-genai's forms, made
+uniform (:func:`pipeline_args`, :func:`model_directory` for a model given in memory) and genai's
+``SchedulerConfig`` mapped onto our settings or refused by field (:func:`scheduler_settings`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+
+from ..config.pipeline_config import PipelineConfig
+from ..model.source import resolve_model
+from .generation_config import ADAPTERS_REFUSED
+
+# tokens per block of the CPU plugin's PagedAttention cache (what num_kv_blocks counts)
+PAGED_BLOCK_TOKENS = 32
+
+
+@dataclass
+class PipelineArgs:
+    """The constructor's arguments, whichever of genai's forms they came in."""
+
+    model: str | os.PathLike[str] | None
+    device: str = "CPU"
+    settings: dict[str, Any] = field(default_factory=dict)
+    tokenizer: openvino_genai.Tokenizer | None = None
+    weights: ov.Tensor | None = None  # set: ``model`` is the IR's XML text
+    generation_config: Any = None
+    scheduler_config: Any = None
+
+
+def pipeline_args(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> PipelineArgs:
+    """Read genai's forms: ``(models_path, device, config, **props)``, ``(models_path,
+    tokenizer, device, config, **props)`` and ``(model_xml, weights, tokenizer, device,
+    generation_config, **props)``, plus ours, ``(model, device, **settings)``."""
+    rest, props = list(args), dict(kwargs)
+    out = PipelineArgs(model)
+    if rest and isinstance(rest[0], ov.Tensor):
+        if not isinstance(model, str):
+            raise ValueError("with model weights given as an ov.Tensor, the model is its IR XML")
+        out.weights = rest.pop(0)
+    if rest and isinstance(rest[0], openvino_genai.Tokenizer):
+        out.tokenizer = rest.pop(0)
+    elif isinstance(props.get("tokenizer"), openvino_genai.Tokenizer):
+        out.tokenizer = props.pop("tokenizer")
+    if out.weights is not None and out.tokenizer is None:
+        raise ValueError("a model given as XML text and weights needs an openvino_genai.Tokenizer")
+    if rest:
+        if "device" in props:
+            raise ValueError("device given twice: positionally and as device=")
+        props["device"] = rest.pop(0)
+    out.device = props.pop("device", "CPU")
+    if not isinstance(out.device, str):
+        raise ValueError(f"device must be a string such as 'CPU' or 'NPU', got {out.device!r}")
+    config: Any = {}
+    if rest and out.weights is not None:
+        out.generation_config = rest.pop(0)
+    elif rest:
+        config = rest.pop(0)
+        if not isinstance(config, Mapping):
+            raise ValueError(f"expected a dict of properties after the device, got {config!r}")
+    if rest:
+        raise ValueError(f"too many positional arguments: {rest!r}")
+    if not config and isinstance(props.get("config"), Mapping):  # genai's keyword name
+        config = props.pop("config")
+    if out.weights is not None and "generation_config" in props:
+        out.generation_config = props.pop("generation_config")
+    for key, value in config.items():
+        if key in props and props[key] is not value and props[key] != value:
+            raise ValueError(f"{key} given twice, as {value!r} and {props[key]!r}")
+        props[key] = value
+    if props.get("adapters") is not None:  # genai's LoRA, registered at construction
+        raise ValueError(f"adapters: {ADAPTERS_REFUSED}")
+    props.pop("adapters", None)
+    out.scheduler_config = props.pop("scheduler_config", None)
+    out.settings = props
+    return out
+
+
+@contextmanager
+def model_directory(given: PipelineArgs, zero_points: str) -> Iterator[Path]:
+    """The directory holding the IR: a model given in memory (XML text and weights) is
+    written to a temporary one, removed when the block ends (once compiled)."""
+    if given.weights is not None:
+        with tempfile.TemporaryDirectory(prefix="npuw-kv-", ignore_cleanup_errors=True) as tmp:
+            xml = Path(tmp) / "openvino_model.xml"
+            xml.write_text(str(given.model), encoding="utf-8")
+            np.asarray(given.weights.data).tofile(xml.with_suffix(".bin"))
+            yield xml.parent
+        return
+    path = None if given.model is None else Path(given.model)
+    if given.tokenizer is not None and path and (path / "openvino_model.xml").is_file():
+        yield path  # the tokenizer was given: its IRs need not be here
+        return
+    yield resolve_model(given.model, zero_points=zero_points)
+
+
+# SchedulerConfig fields npuw-kv cannot honour: (is it set?, why)
+_UNSUPPORTED = {
+    "dynamic_split_fuse": (lambda v: v is False, "npuw-kv always runs prompts in chunks"),
+    "use_cache_eviction": (lambda v: bool(v), "there is no KV cache eviction inside a sequence"),
+    "use_sparse_attention": (lambda v: bool(v), "prefill attention is dense"),
+    "num_linear_attention_blocks": (lambda v: bool(v), "no linear-attention states"),
+    "cache_interval_multiplier": (lambda v: v is not None, "no linear-attention states"),
+    "cache_size": (
+        lambda v: bool(v),
+        "the paged cache is sized in tokens: give num_kv_blocks (blocks of "
+        f"{PAGED_BLOCK_TOKENS} tokens) or prefix_cache_tokens instead",
+    ),
+}
+
+
+def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with genai's ``SchedulerConfig`` mapped onto ours, on the paged path only:
+    ``enable_prefix_caching`` -> ``prefix_reuse``, ``max_num_batched_tokens`` -> the prefill
+    chunk (at most MAX_PROMPT_LEN), ``num_kv_blocks`` -> KV blocks of 32 tokens (the room
+    beyond one sequence's becomes ``prefix_cache_tokens``); ``max_num_seqs`` holds (one
+    sequence runs at a time).  Anything else set is refused, naming the field."""
+    if not isinstance(scheduler, openvino_genai.SchedulerConfig):
+        raise ValueError(
+            f"scheduler_config must be an openvino_genai.SchedulerConfig, got {scheduler!r}"
+        )
+    base = user = PipelineConfig.from_kwargs(device, **settings)
+    if not base.paged:
+        raise ValueError(
+            "scheduler_config means the paged path: use device CPU with attention_backend='pa' "
+            f"(here: device {base.device}, attention_backend {base.attention_backend!r})"
+        )
+    for name, (is_set, why) in _UNSUPPORTED.items():
+        value = getattr(scheduler, name)
+        if is_set(value):
+            raise ValueError(f"scheduler_config.{name}={value!r} is not supported: {why}")
+    default = openvino_genai.SchedulerConfig()
+    mapped: dict[str, tuple[str, Any]] = {
+        "prefix_reuse": ("enable_prefix_caching", bool(scheduler.enable_prefix_caching))
+    }
+    batched = scheduler.max_num_batched_tokens
+    if batched != default.max_num_batched_tokens:
+        chunk = min(batched, base.requested_max_prompt_len)
+        mapped["prefill_chunk_size"] = ("max_num_batched_tokens", chunk)
+        base = replace(base, prefill_chunk_size=chunk, max_prompt_len=base.requested_max_prompt_len)
+    if scheduler.num_kv_blocks:
+        blocks = scheduler.num_kv_blocks
+        room = blocks * PAGED_BLOCK_TOKENS - base.total_len
+        if room < 0:
+            need = -(-base.total_len // PAGED_BLOCK_TOKENS)
+            raise ValueError(
+                f"scheduler_config.num_kv_blocks={blocks} holds {blocks * PAGED_BLOCK_TOKENS} "
+                f"tokens, fewer than one sequence's MAX_PROMPT_LEN + MIN_RESPONSE_LEN = "
+                f"{base.total_len}: give at least {need} blocks or lower max_prompt_len / "
+                "min_response_len"
+            )
+        mapped["prefix_cache_tokens"] = ("num_kv_blocks", room)
+    given = {PipelineConfig.setting_name(key): key for key in settings}
+    out = dict(settings)
+    for name, (source, value) in mapped.items():
+        if name in given and getattr(user, name) != value:
+            raise ValueError(
+                f"scheduler_config.{source} and {given[name]}={settings[given[name]]!r} set "
+                f"{name} to different values ({value!r} and {getattr(user, name)!r}); pass one"
+            )
+        out.pop(given.get(name, name), None)
+        out[name] = value
+    return out

@@ -1,0 +1,112 @@
+"""What :meth:`~npuw_kv.pipeline.LLMPipeline.generate` returns, shaped like openvino-genai's.
+
+* a text prompt: :class:`TextResult`, a ``str`` (the answer, as genai returns a plain
+  ``str``) that also carries our :class:`~npuw_kv.generation.decode.GenerationResult`'s fields and
+  ``perf_metrics``;
+* a list of prompts, a ``ChatHistory`` or a list of messages (and a text prompt with
+  ``num_return_sequences`` > 1): :class:`DecodedResults`;
+* ``ov.Tensor`` / ``TokenizedInputs`` token ids: :class:`EncodedResults`.
+
+Their ``perf_metrics`` are :class:`~npuw_kv.api.perf_metrics.PerfMetrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+import openvino_genai
+
+from ..generation.decode import GenerationResult
+from .perf_metrics import PerfMetrics
+
+FinishReason = openvino_genai.GenerationFinishReason
+# genai reports a streamer's CANCEL as NONE, its STOP as STOP
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "cancelled": FinishReason.NONE}
+
+
+def finish_reason(reason: str) -> Any:
+    """Our finish reason ("stop" / "length" / "cancelled") as genai's enum."""
+    return _FINISH[reason]
+
+
+class TextResult(str):
+    """The answer to a text prompt: a ``str`` like openvino-genai's, carrying our result's
+    fields too (``tokens``, ``finish_reason``, ``prompt_tokens``, ``ttft_s``, ``decode_s``,
+    ``ms_per_token``, ``first_logits``, ``text``) and ``perf_metrics``."""
+
+    tokens: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    ttft_s: float
+    decode_s: float
+    first_logits: np.ndarray | None
+    perf_metrics: PerfMetrics
+
+    @classmethod
+    def of(cls, result: GenerationResult, perf_metrics: PerfMetrics) -> TextResult:
+        text = cls(result.text)
+        for f in fields(result):  # every field of ours (logprobs, score, ... as they come)
+            if f.name != "text":
+                setattr(text, f.name, getattr(result, f.name))
+        text.perf_metrics = perf_metrics
+        return text
+
+    @property
+    def text(self) -> str:
+        return str(self)
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.decode_s / max(len(self.tokens) - 1, 1)
+
+
+class _Results:
+    """What genai's ``DecodedResults`` and ``EncodedResults`` share: ``scores``,
+    ``finish_reasons``, ``perf_metrics``, ``extended_perf_metrics`` (speculative decoding's
+    per-model metrics, else None, as genai) and ``results``, our per-sequence results."""
+
+    def __init__(
+        self,
+        results: Sequence[GenerationResult],
+        perf_metrics: PerfMetrics,
+        extended_perf_metrics: PerfMetrics | None = None,
+    ) -> None:
+        self.results = list(results)
+        self.scores = [float(getattr(r, "score", 0.0)) for r in results]
+        self.finish_reasons = [finish_reason(r.finish_reason) for r in results]
+        self.perf_metrics = perf_metrics
+        self.extended_perf_metrics = extended_perf_metrics
+        self._outputs(self.results)
+
+    def _outputs(self, results: list[GenerationResult]) -> None:
+        """Set the outputs of this kind (texts or tokens)."""
+
+
+class DecodedResults(_Results):
+    """Texts, as openvino-genai's ``DecodedResults``: ``num_return_sequences`` entries per
+    prompt, in prompt order."""
+
+    def _outputs(self, results: list[GenerationResult]) -> None:
+        self.texts = [r.text for r in results]
+        self.parsed: list[Any] = []
+
+    def __str__(self) -> str:  # genai's: the text alone, or "score: text" lines
+        if len(self.texts) == 1:
+            return self.texts[0]
+        return "\n".join(f"{s:.6f}: {t}" for s, t in zip(self.scores, self.texts, strict=True))
+
+    def __repr__(self) -> str:
+        return f"DecodedResults(texts={self.texts!r})"
+
+
+class EncodedResults(_Results):
+    """Token ids, as openvino-genai's ``EncodedResults``: ``tokens`` is one list per sequence."""
+
+    def _outputs(self, results: list[GenerationResult]) -> None:
+        self.tokens = [list(r.tokens) for r in results]
+
+    def __repr__(self) -> str:
+        return f"EncodedResults(tokens={self.tokens!r})"

@@ -1,0 +1,1 @@
+"""``npuw-kv``: the command line (:mod:`.commands` holds the entry point)."""

@@ -1,0 +1,117 @@
+"""The command line's model and settings arguments, shared by every ``npuw-kv`` command that
+loads a model (``bench`` included): choices and defaults come from :mod:`npuw_kv.config`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..config.pipeline_config import PipelineConfig
+from ..config.settings import ATTENTION_BACKENDS, EXACT_F32, GGUF_ZERO_POINTS, KV_PRECISIONS
+
+_DEFAULTS = PipelineConfig()
+
+
+def text_args(parser: argparse.ArgumentParser, new_tokens: int) -> None:
+    parser.add_argument("--max-new-tokens", "-n", type=int, default=new_tokens)
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.1,
+        help="> 1 discourages repeating prompt/output tokens (API default 1.0, as genai)",
+    )
+
+
+def zero_points_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gguf-zero-points",
+        choices=GGUF_ZERO_POINTS,
+        default=_DEFAULTS.gguf_zero_points,
+        help="GGUF only: keep openvino-genai's conversion (genai) or fix its rounded Q4_1 "
+        "zero points (exact: SmolLM2 perplexity 14.2 -> 11.6, +24 MB)",
+    )
+
+
+def _setting(text: str) -> str:
+    """An argparse type: ``KEY=VALUE``, so a malformed setting is a usage error before any
+    work is done."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
+def model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> None:
+    parser.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)",
+    )
+    zero_points_arg(parser)
+    if for_bench:  # the runtimes pick their devices; --device only picks which npuw-kv path
+        parser.add_argument(
+            "--device", "-d", default=None, help="CPU or NPU: the npuw-kv path to bench by default"
+        )
+    else:
+        parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
+    parser.add_argument(
+        "--max-prompt-len",
+        type=int,
+        default=None,
+        help=f"MAX_PROMPT_LEN ({_DEFAULTS.max_prompt_len})",
+    )
+    parser.add_argument(
+        "--min-response-len",
+        type=int,
+        default=None,
+        help=f"MIN_RESPONSE_LEN ({_DEFAULTS.min_response_len})",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help=f"prefill chunk size ({_DEFAULTS.prefill_chunk_size})",
+    )
+    parser.add_argument("--kv-precision", choices=KV_PRECISIONS, default=None)
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_BACKENDS,
+        default=None,
+        help="attention_backend: pa (CPU PagedAttention, the CPU default) or sdpa (static shapes)",
+    )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact f32 compute on CPU (no bf16, no dynamic quantization)",
+    )
+    parser.add_argument(
+        "--prop",
+        "-p",
+        action="append",
+        type=_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra setting, e.g. -p NPUW_ONLINE_PIPELINE=NONE (repeatable)",
+    )
+
+
+def pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for name, key in (
+        ("max_prompt_len", "max_prompt_len"),
+        ("min_response_len", "min_response_len"),
+        ("chunk", "prefill_chunk_size"),
+        ("kv_precision", "kv_precision"),
+        ("attention", "attention_backend"),
+    ):
+        if getattr(args, name) is not None:
+            kwargs[key] = getattr(args, name)
+    if args.exact:
+        kwargs.update(EXACT_F32)
+    for item in args.prop:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--prop expects KEY=VALUE, got {item!r}")
+        kwargs[key] = value
+    return kwargs

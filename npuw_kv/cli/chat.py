@@ -1,0 +1,70 @@
+"""``npuw-kv chat``: the interactive session, one turn at a time.
+
+A turn that fails, or that Ctrl-C stops, costs only itself: the session and its history go on
+(the terminal handling it shares with ``generate`` is in ``cli_io``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from . import terminal as cli_io
+
+
+def chat_session(pipe: Any, args: argparse.Namespace) -> int:
+    """Read messages from stdin until /exit or end of input; /reset starts the chat afresh."""
+    pipe.start_chat(args.system or "")
+    cli_io.tolerate_stdin_bytes()
+    banner = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops an answer"
+    print(f"npuw-kv chat — {banner}", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:  # Ctrl-C at the prompt quits: end its line, main says why
+            print()
+            raise
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            pipe.start_chat(args.system or "")
+        elif line:
+            _chat_turn(pipe, line, args)
+
+
+def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:
+    """Answer one message.  A failure, or Ctrl-C, costs only this turn: the session and its
+    history go on."""
+    bad = cli_io.undecodable(line)
+    if bad is not None:  # the tokenizer would refuse it
+        cli_io.error(f"the message is not UTF-8 text, skipped: {bad}")
+        return
+    turn = cli_io.ChatTurn(cli_io.stdout)
+    try:
+        with turn.sigint_cancels():
+            dropped = pipe.fit_chat_history(line)
+            if dropped:
+                note = f"{dropped} oldest exchange(s) dropped to fit MAX_PROMPT_LEN"
+                print(f"[{note}]", file=sys.stderr)
+            result = pipe.generate(
+                line,
+                max_new_tokens=args.max_new_tokens,
+                streamer=turn.stream,
+                repetition_penalty=args.repetition_penalty,
+            )
+        cancelled = result.finish_reason == "cancelled"
+    except KeyboardInterrupt:
+        cancelled = True
+    except BrokenPipeError:  # stdout is gone: so is the session
+        raise
+    except Exception as exc:  # e.g. this message alone is longer than MAX_PROMPT_LEN
+        cli_io.stdout.end_line()
+        cli_io.error(cli_io.one_line(exc))
+        return
+    cli_io.stdout.write("\n")
+    if cancelled:
+        print("[answer cancelled]", file=sys.stderr)

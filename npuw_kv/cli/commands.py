@@ -1,0 +1,261 @@
+"""``npuw-kv``: generate, chat, inspect, bench."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+
+from ..tools.bench_worker import RUNTIMES
+from . import terminal as cli_io
+from .args import model_args, pipeline_kwargs, text_args, zero_points_arg
+from .chat import chat_session
+
+
+def _load(args: argparse.Namespace):
+    from ..pipeline import LLMPipeline
+
+    return LLMPipeline(args.model, args.device, **pipeline_kwargs(args))
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    pipe = _load(args)
+    result = pipe.generate(
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        streamer=cli_io.stdout.write,
+        apply_chat_template=not args.no_chat_template,
+        repetition_penalty=args.repetition_penalty,
+    )
+    cli_io.stdout.write("\n")
+    stats = f"{len(result.tokens)} tokens, finish={result.finish_reason}, "
+    stats += f"TTFT {result.ttft_s * 1000:.0f} ms"
+    if len(result.tokens) > 1:  # the rate is over decode steps: none before a second token
+        stats += f", {result.ms_per_token:.1f} ms/token"
+    print(f"[{stats}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    return chat_session(_load(args), args)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .describe import describe
+
+    print(describe(args.model, args.device, **pipeline_kwargs(args)))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..tools.bench import run_bench
+
+    return run_bench(args)
+
+
+def _at_least(low: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}{why}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _at_least(1)
+
+
+def _check_inspect(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``inspect MODEL`` is ``inspect -m MODEL``; both, naming different models, is an error."""
+    if not args.model_path:
+        return
+    if args.model is not None and args.model != args.model_path:
+        parser.error(
+            f"the model is given twice: --model/-m {args.model!r} and MODEL {args.model_path!r}; "
+            "give one of them"
+        )
+    args.model = args.model_path
+
+
+def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--quick`` fixes the prompt and the new tokens: an explicit length beside it is an error."""
+    from ..tools.bench import QUICK_NEW_TOKENS, QUICK_PROMPT_LEN
+
+    if args.quick:  # run_bench fills in the lengths left unset
+        lengths = (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens))
+        given = [option for option, value in lengths if value is not None]
+        if given:
+            parser.error(
+                f"--quick fixes the prompt at ~{QUICK_PROMPT_LEN} tokens and "
+                f"{QUICK_NEW_TOKENS} new tokens; drop --quick or {' / '.join(given)}"
+            )
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _str_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401  (the report's plot)
+        from tqdm import tqdm
+    except ImportError:
+        raise SystemExit(
+            "npuw-kv accuracy needs tqdm and matplotlib: pip install 'npuw-kv[accuracy]'"
+        ) from None
+    from pathlib import Path
+
+    from ..model.source import resolve_model
+    from ..tools.accuracy import report
+    from ..tools.accuracy.run import run_matrix
+
+    total = len(args.prompt_lens) * len(args.devices) * len(args.modes) * len(args.chunks)
+    bar = tqdm(total=total, desc="accuracy", unit="config", file=sys.stderr)
+
+    def progress(name: str) -> None:
+        bar.set_postfix_str(name)
+        bar.update(1)
+
+    from ..tools.accuracy.reference import torch_weights
+
+    with bar:  # closed (its line ended) on Ctrl-C too
+        results = run_matrix(
+            resolve_model(args.model),
+            args.prompt_lens,
+            args.new_tokens,
+            [d.upper() for d in args.devices],
+            args.modes,
+            args.chunks,
+            progress,
+            peer=not args.no_peer,
+            torch_source=None if args.no_peer else torch_weights(args.model_source),
+        )
+    print(report.table(results))
+    command = "npuw-kv " + " ".join(sys.argv[1:]) if sys.argv[1:] else "npuw-kv accuracy"
+    for path in report.write(results, Path(args.out), command):
+        print(f"wrote {path}", file=sys.stderr)
+    failed = [r.name for r in results if not r.passed]
+    if failed:
+        print(f"outside tolerance: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="npuw-kv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text from a prompt (streams)")
+    model_args(gen)
+    text_args(gen, 128)
+    gen.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    gen.add_argument("prompt")
+    gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="interactive chat (REPL)")
+    model_args(chat)
+    text_args(chat, 256)
+    chat.add_argument("--system", default=None, help="system message")
+    chat.set_defaults(func=cmd_chat)
+    insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
+    model_args(insp)
+    insp.add_argument(
+        "model_path", nargs="?", default=None, metavar="MODEL", help="same as --model"
+    )
+    insp.set_defaults(func=cmd_inspect, check=functools.partial(_check_inspect, insp))
+    bench = sub.add_parser(
+        "bench",
+        help="TTFT / decode / peak RSS side by side with openvino-genai",
+        description="TTFT / decode / peak RSS side by side with openvino-genai. Prints the "
+        "whole table, a failed runtime as a 'failed: ...' row; the exit code is 1 when any "
+        "runtime listed failed (npuw-llm fails on the default GGUF model), else 0.",
+    )
+    model_args(bench, for_bench=True)
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="one ~1000-token prompt, 64 new tokens (not with --prompt-len / --new-tokens)",
+    )
+    bench.add_argument(
+        "--prompt-len", type=_positive_int, default=None, help="prompt tokens (default 1000)"
+    )
+    bench.add_argument(
+        "--new-tokens",
+        type=_at_least(2, " (a decode rate needs a second token)"),
+        default=None,
+        help="new tokens per run (default 64)",
+    )
+    bench.add_argument(
+        "--repeats", type=_positive_int, default=3, help="timed runs per runtime (min is kept)"
+    )
+    bench.add_argument(
+        "--runtimes",
+        default=None,
+        help=f"comma list of {', '.join(RUNTIMES)} (default: npuw-kv for --device, and genai-cpu)",
+    )
+    bench.add_argument("--json", default=None, help="also write the results to this file")
+    bench.set_defaults(func=cmd_bench, check=functools.partial(_check_bench, bench))
+    acc = sub.add_parser("accuracy", help="greedy agreement, |dlogit|, KL, perplexity vs f32 refs")
+    acc.add_argument("--model", "-m", default=None, help="IR dir, .gguf, or 'smollm2' (default)")
+    acc.add_argument("--prompt-lens", type=_int_list, default=[1024, 4096])
+    acc.add_argument("--new-tokens", type=int, default=64)
+    acc.add_argument("--devices", type=_str_list, default=["CPU", "NPU"])
+    acc.add_argument(
+        "--modes",
+        type=_str_list,
+        default=["exact"],
+        help="exact, sdpa (CPU), copy, static, no-pyramid (static models without variants), "
+        "pyramid (the full variant ladders), v-transposed, f16-kv, bf16-kv (CPU), "
+        "device-default, and the parts of the CPU's defaults u8-kv, u8-kv+dyn-quant, "
+        "u8-kv+bf16, bf16-kv+bf16 (docs/accuracy.md)",
+    )
+    acc.add_argument("--chunks", type=_int_list, default=[256])
+    acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")
+    zero_points_arg(acc)
+    acc.add_argument("--no-peer", action="store_true", help="skip the peer runtimes")
+    acc.set_defaults(func=cmd_accuracy)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``npuw-kv``; Ctrl-C exits 130 and a closed stdout 141, each without a traceback."""
+    return cli_io.run(functools.partial(_main, sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
+    bad = next(filter(None, map(cli_io.undecodable, argv)), None)
+    if bad is not None:  # argv bytes the locale could not decode (e.g. Latin-1 under LANG=C)
+        cli_io.error(f"argument {bad} is not UTF-8 text")
+        return 2
+    args = build_parser().parse_args(argv)
+    check = getattr(args, "check", None)
+    if check is not None:  # cross-option checks: an argparse error (exit code 2) before any work
+        check(args)
+    try:
+        args.model_source = getattr(args, "model", None)
+        if getattr(args, "gguf_zero_points", "genai") != "genai":
+            # every runtime (ours, the references, bench workers) then reads the same fixed IR
+            from ..model.source import resolve_model
+
+            args.model = str(resolve_model(args.model, zero_points=args.gguf_zero_points))
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"npuw-kv: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""What ``npuw-kv inspect`` prints: the KV layout and the static shapes a config would use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openvino as ov
+
+from ..config.pipeline_config import PipelineConfig
+from ..model.source import declared_window, resolve_model, trained_context, wide_activations
+from ..model.variants import prepare, read_ir
+from ..runtime.compile import static_shapes
+from ..runtime.device import paged_kv_precision, resolve_kv_precision
+from ..runtime.static.prefix_store import TOKENS_PER_BLOCK
+
+
+def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
+    cfg = PipelineConfig.from_kwargs(device, **config)
+    model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
+    context = trained_context(model_dir)
+    core = ov.Core()
+    shapes = static_shapes(core, cfg, cfg.kv_capacity(context))
+    # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
+    window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
+    _, layout = prepare(
+        read_ir(core, model_dir),
+        resolve_kv_precision(core, cfg, wide_activations(model_dir)),
+        False,
+        window,
+    )
+    windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
+    per_token = layout.bytes_per_token()
+    precision = (
+        (paged_kv_precision(cfg) or "the plugin's default (u8 on CPU)")
+        if cfg.paged
+        else layout.precision
+    )
+    kv_slots = shapes.generate_past
+    lines = [
+        f"model            {model_dir}",
+        "trained context  " + (f"{context[0]} positions ({context[1]})" if context else "unknown"),
+        f"layers           {layout.num_layers}",
+        f"kv heads         {layout.num_kv_heads}",
+        f"head_dim         {layout.head_dim}",
+        f"kv precision     {precision}",
+        "attention window "
+        + ", ".join("full" if w is None else str(w) for w in windows)
+        + " (per layer: "
+        + ", ".join("full" if w is None else str(w) for w in layout.window)
+        + ")",
+    ]
+    if cfg.paged:
+        lines += [
+            f"device           {cfg.device} (attention_backend pa: one model, PagedAttention)",
+            f"prefill          chunks of {shapes.chunk} tokens, prompts up to "
+            f"{shapes.max_prompt_len}",
+            f"KV cache         {shapes.total_len} tokens in the device's blocks"
+            + (
+                f", + {cfg.prefix_cache_tokens} for cached prefixes"
+                if cfg.prefix_cache_tokens
+                else ""
+            ),
+        ]
+        return "\n".join(lines)
+    lines += [
+        f"device           {cfg.device} "
+        + ("(static models)" if cfg.use_static_models else "(one model, both shapes)"),
+        f"prefill          input_ids [1,{shapes.chunk}]  attention_mask [1,{shapes.max_prompt_len}]"
+        f"  past [1,{layout.num_kv_heads},{shapes.prefill_past},{layout.head_dim}]",
+        f"generate         input_ids [1,1]  attention_mask [1,{shapes.total_len}]"
+        f"  past [1,{layout.num_kv_heads},{shapes.generate_past},{layout.head_dim}]",
+        *(
+            [
+                "prefill pasts    "
+                + ", ".join(map(str, shapes.prefill_pasts))
+                + " (a model each; a chunk runs on the smallest holding its past)",
+                "generate pasts   "
+                + ", ".join(map(str, shapes.generate_pasts))
+                + " (a model each, views of the same buffer)",
+            ]
+            if cfg.use_static_models
+            else []
+        ),
+        *(
+            [
+                "KV blocks        cut at slots "
+                + ", ".join(map(str, shapes.block_edges))
+                + " (each model's past is whole blocks: dense inputs)"
+            ]
+            if shapes.block_edges
+            else []
+        ),
+        _kv_line(kv_slots, per_token, layout.window, dict(shapes.rings(layout.window))),
+    ]
+    if cfg.prefix_cache_tokens:
+        stored = cfg.prefix_cache_tokens // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+        lines.append(
+            f"prefix store     {stored} tokens of earlier prompts on the host"
+            f" (+ {TOKENS_PER_BLOCK} for restores) = "
+            f"{(stored + TOKENS_PER_BLOCK) * per_token / 2**20:.1f} MiB"
+        )
+    return "\n".join(lines)
+
+
+def _kv_line(
+    slots: int, per_token: int, windows: tuple[int | None, ...], rings: dict[int, int]
+) -> str:
+    """The static path's KV bytes: every layer's whole past, or rings for windowed layers."""
+    whole = _size(slots * per_token)
+    if not rings:
+        return f"KV cache         {slots} slots x {per_token} B/token = {whole}"
+    per_layer = per_token // len(windows)  # the same KV heads in every layer
+    held = [rings.get(w, slots) if w is not None else slots for w in windows]
+    parts = [f"{slots} slots in {sum(h == slots for h in held)} layers"] + [
+        f"a ring of {ring} in {sum(w == window for w in windows)} (window {window})"
+        for window, ring in sorted(rings.items())
+    ]
+    return (
+        f"KV cache         {', '.join(parts)} x {per_layer} B/token/layer = "
+        f"{_size(sum(held) * per_layer)} (every layer whole: {whole}; window_kv)"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"

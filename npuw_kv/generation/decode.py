@@ -1,0 +1,172 @@
+"""The generation loop of one sequence: prefill, then choose and step token by token.
+
+It owns what happens between the runner's logits and the caller's tokens: the sampler, the
+stopping rules and the streamer.  :class:`~npuw_kv.pipeline.LLMPipeline` prepares the prompt's
+token ids and shapes the result; the runner owns the KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..runtime.runner import Runner
+from .logits_process import LogitsConstraint
+from .sampling import GenerationConfig, Sampler
+from .stopping import StopStrings, TokenOutput
+
+# a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
+# openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
+Streamer = Any
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str  # with ``echo``, the prompt's text first
+    # "stop" (stop token / string / constraint / streamer), "length", "cancelled"
+    finish_reason: str
+    prompt_tokens: int
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    first_logits: np.ndarray | None = field(default=None, repr=False)
+    # per token: its log-probability as genai scores it (see npuw_kv.generation.sampling)
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    # per token, with ``logprobs`` > 0: the most likely (token, log-prob) pairs, best first
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
+    # genai's ``scores[i]``: the sum of ``logprobs`` and of the stop token's, which genai counts
+    score: float = 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        steps = max(len(self.tokens) - 1, 1)
+        return 1000.0 * self.decode_s / steps
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def generate_tokens(
+    runner: Runner,
+    tokenizer: Any,
+    ids: np.ndarray,
+    config: GenerationConfig,
+    streamer: Streamer,
+    position_limit: int | None = None,
+    constraint: LogitsConstraint | None = None,
+    rng: np.random.Generator | None = None,
+) -> GenerationResult:
+    """Run ``ids`` through ``runner`` and generate one sequence, whatever
+    ``num_return_sequences`` says (:func:`generate_sequences` runs that many).
+
+    ``position_limit``: the model's trained context; generation stops (``"length"``) when the
+    prompt and the answer fill it, as it does when the KV cache is full.  ``constraint``
+    restricts each next token (structured output) and ends generation when it is done.
+    ``rng``: shared by :func:`generate_sequences` across its samples.
+    """
+    if config.structured_output_config is not None and constraint is None:
+        raise ValueError(
+            "structured_output_config is set but no constraint was built from it "
+            "(npuw_kv.generation.structured builds one for generate_tokens' constraint argument)"
+        )
+    budget = config.new_token_budget(int(ids.size))
+    sampler = Sampler(config, ids, rng)
+    stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
+    prompt = [int(t) for t in ids.reshape(-1)] if config.echo else []
+    out = TokenOutput(tokenizer, streamer, stops, echo=prompt)
+    stop_ids = set() if config.ignore_eos else config.stop_ids()
+    start = time.perf_counter()
+    logits = first_logits = runner.prefill(ids)
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    top: list[list[tuple[int, float]]] = []
+    stop_logprob = 0.0
+    finish = "length"
+    ttft = decode_start = time.perf_counter() - start
+    while budget is None or len(tokens) < budget:
+        choice = sampler.sample(logits, constraint)
+        token = choice.token
+        if not tokens:
+            ttft = decode_start = time.perf_counter() - start
+        if token in stop_ids:
+            finish, stop_logprob = "stop", choice.logprob
+            break
+        tokens.append(token)
+        logprobs.append(choice.logprob)
+        top.append(choice.top)
+        if constraint is not None:
+            constraint.accept(token)
+        if stops.hit(tokens):
+            finish = "stop"
+            break
+        halted = out.push(tokens)
+        if halted:
+            finish = halted
+            break  # the streamer said stop: it gets nothing more
+        if constraint is not None and constraint.done():
+            finish = "stop"
+            break
+        if budget is not None and len(tokens) >= budget:
+            break
+        at_limit = position_limit is not None and ids.size + len(tokens) >= position_limit
+        if runner.remaining_capacity <= 0 or at_limit:
+            finish = "length"
+            break
+        logits = runner.step(token)
+    text, kept = stops.cut(tokens)
+    if prompt:  # genai decodes prompt and answer as one sequence
+        answer = tokenizer.decode(tokens[:kept]) if kept else ""
+        text = tokenizer.decode(prompt + tokens[:kept]) + text[len(answer) :]
+    finish = out.close(tokens, kept, text, finish)
+    decode_s = time.perf_counter() - start - decode_start
+    score = float(sum(logprobs[:kept])) + stop_logprob
+    return GenerationResult(
+        tokens[:kept],
+        text,
+        finish,
+        int(ids.size),
+        ttft,
+        decode_s,
+        first_logits,
+        logprobs[:kept],
+        top[:kept] if config.logprobs else [],
+        score,
+    )
+
+
+def generate_sequences(
+    runner: Runner,
+    tokenizer: Any,
+    ids: np.ndarray,
+    config: GenerationConfig,
+    streamer: Streamer = None,
+    position_limit: int | None = None,
+    make_constraint: Callable[[], LogitsConstraint | None] | None = None,
+) -> list[GenerationResult]:
+    """``config.num_return_sequences`` sequences, sampled one after another from one random
+    generator (genai forks them after the prompt; here each prefills again, which the runner
+    serves from the prompt's cached KV where it can).  One streamer cannot take several
+    sequences (genai refuses it too)."""
+    n = config.num_return_sequences
+    if n > 1 and streamer is not None:
+        raise ValueError(f"a streamer takes one sequence, not num_return_sequences={n}")
+    if config.num_beams > 1:  # the pipeline sends these to npuw_kv.generation.beam_search
+        raise ValueError(f"num_beams={config.num_beams}: beam search is beam_search.beam_search's")
+    rng = np.random.default_rng(config.rng_seed)
+    return [
+        generate_tokens(
+            runner,
+            tokenizer,
+            ids,
+            config,
+            streamer,
+            position_limit,
+            make_constraint() if make_constraint is not None else None,
+            rng,
+        )
+        for _ in range(n)
+    ]

@@ -1,0 +1,299 @@
+"""Prompt-lookup and speculative decoding: several tokens checked in one main-model call.
+
+A *candidate source* (:mod:`~npuw_kv.generation.candidates`) guesses the next tokens:
+:class:`PromptLookup` copies what followed the latest earlier occurrence of the text's last
+n-gram (prompt + answer),
+:class:`DraftProposer` lets a small draft model run ahead greedily.  :class:`SpeculativeRunner`
+feeds the main model the token just chosen *and* the candidates in one chunk over the shared KV
+cache (``Runner.verify``), which returns the logits after each of them.
+
+The generation loop (:mod:`npuw_kv.generation.decode`) is not changed: it still samples one token
+at a time.  When the token it chose is the next candidate, the logits after that candidate are
+already computed and :meth:`SpeculativeRunner.step` returns them without running the model;
+at the first other token the rejected candidates' KV is dropped (``Runner.truncate``) and the
+next round starts.  So every token is chosen from the logits plain decoding would compute
+(up to the rounding of a K + 1-row chunk against a one-row step: in exact f32 greedy output is
+plain greedy's token for token, and sampling draws what plain sampling draws), while stop
+strings, EOS, budgets, penalties, structured output and the streamer see one token at a time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from ..api.generation_config import GenerationConfig
+from ..api.perf_metrics import PerfMetrics
+from ..api.speculative_metrics import ModelCalls, SDPerfMetrics, SDPerModelsPerfMetrics
+from ..runtime.runner import SPECULATIVE_PATH, Runner
+from .candidates import CandidateSource, DraftProposer, PromptLookup
+from .draft import DraftModel, build_draft, resolve_draft
+
+DEFAULT_ASSISTANT_TOKENS = 5  # genai's when a draft model is given and neither field is set
+# with assistant_confidence_threshold the draft stops at its first unsure token, or here
+MAX_THRESHOLD_CANDIDATES = 16
+SETTINGS = ("prompt_lookup", "draft_model")  # LLMPipeline(...) settings consumed here
+
+
+@dataclass
+class SpeculativeStats:
+    """What the last generate call's speculation did (``kv_stats()["speculative"]``)."""
+
+    mode: str  # "prompt_lookup" or "draft_model"
+    verify_calls: int = 0  # main-model calls after the prompt (each checks 0..K candidates)
+    candidates: int = 0  # candidate tokens proposed and checked
+    accepted: int = 0  # of them, chosen by the sampler (no main-model call of their own)
+    draft_calls: int = 0  # draft-model calls (prompt included)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.candidates if self.candidates else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate}
+
+
+class SpeculativeRunner:
+    """A runner for :func:`npuw_kv.generation.decode.generate_tokens` whose steps are verified in
+    chunks.
+
+    ``step(token)`` returns the stored logits when ``token`` is the next candidate; otherwise
+    it drops the rejected candidates and runs ``token`` with the next candidates in one call.
+    Everything else (capacity, stats) is the wrapped runner's, less the unconsumed rows.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        source: CandidateSource,
+        num_candidates: int,
+        budget: Callable[[int], int | None],
+        stats: SpeculativeStats,
+    ) -> None:
+        self._runner = runner
+        self.source = source
+        self.num_candidates = num_candidates
+        self._budget = budget  # prompt length -> new-token budget (None: none)
+        self.counts = stats
+        self.history: list[int] = []
+        self._prompt = 0
+        self._pending: deque[tuple[int, np.ndarray]] = deque()
+        self._proposed: list[int] = []
+        self.main_calls = ModelCalls()  # each main-model call: its time, the tokens it gave
+
+    def prefill(self, ids: np.ndarray, *args: Any) -> np.ndarray:
+        self.main_calls = ModelCalls()
+        logits = self.main_calls.run(self._runner.prefill, ids, *args)
+        self.history = [int(t) for t in np.asarray(ids).reshape(-1)]
+        self._prompt = len(self.history)
+        self._pending.clear()
+        self.source.start(self.history)
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        token = int(token)
+        if self._pending and self._pending[0][0] == token:
+            self.history.append(token)
+            self.counts.accepted += 1
+            self.main_calls.took_another()
+            return self._pending.popleft()[1]
+        if self._pending:  # the sampler chose another token: the rest is rejected
+            self._pending.clear()
+            self._runner.truncate(len(self.history))
+        self.history.append(token)
+        rows = self.main_calls.run(self._runner.verify, [token, *self._candidates()])
+        self.counts.verify_calls += 1
+        self.counts.candidates += rows.shape[0] - 1
+        self._pending.extend(zip(self._proposed, rows[1:], strict=True))
+        return rows[0]
+
+    def _candidates(self) -> list[int]:
+        """At most as many as can still be used: within the budget (the last token of an
+        answer is never fed), the KV cache and one chunk."""
+        budget = self._budget(self._prompt)
+        k = min(self.num_candidates, self._runner.remaining_capacity - 1, self._chunk() - 1)
+        if budget is not None:
+            k = min(k, budget - (len(self.history) - self._prompt) - 1)
+        self._proposed = self.source.propose(self.history, k)[: max(k, 0)] if k > 0 else []
+        return self._proposed
+
+    def _chunk(self) -> int:
+        return int(getattr(self._runner, "chunk", self.num_candidates + 1))
+
+    def finish(self) -> None:
+        """Drop the candidates the answer did not use, so the cache holds what plain decoding
+        leaves (the prompt and every answer token but the last) and nothing else."""
+        if self._pending:
+            self._pending.clear()
+            self._runner.truncate(len(self.history))
+        if isinstance(self.source, DraftProposer):
+            self.counts.draft_calls = self.source.calls
+
+    @property
+    def tokens_in_cache(self) -> int:
+        return self._runner.tokens_in_cache - len(self._pending)
+
+    @property
+    def remaining_capacity(self) -> int:
+        return self._runner.remaining_capacity + len(self._pending)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+
+# -- settings -------------------------------------------------------------------------------
+def assisted_fields(config: GenerationConfig) -> list[str]:
+    """The assisted-generation fields ``config`` sets (empty: plain decoding)."""
+    return [
+        name
+        for name, unset in (
+            ("num_assistant_tokens", (None, 0)),
+            ("max_ngram_size", (0,)),
+            ("assistant_confidence_threshold", (0.0,)),
+        )
+        if getattr(config, name) not in unset
+    ]
+
+
+def check_config(config: GenerationConfig, mode: str | None) -> None:
+    """Refuse, by name, what the pipeline's mode (None, "prompt_lookup", "draft_model")
+    cannot honour in ``config``."""
+    given = assisted_fields(config)
+    if mode is None:
+        if given:
+            raise ValueError(
+                f"{given[0]}={getattr(config, given[0])!r} needs assisted generation: create "
+                "the pipeline with prompt_lookup=True or draft_model=..."
+            )
+        return
+    for name in ("num_return_sequences", "num_beams"):  # as genai: one sequence verified
+        if getattr(config, name) > 1:
+            raise ValueError(
+                f"{name}={getattr(config, name)} is not compatible with {mode} (one sequence "
+                "is verified at a time)"
+            )
+    if mode == "prompt_lookup":
+        if not config.num_assistant_tokens or not config.max_ngram_size:
+            raise ValueError(
+                "prompt_lookup=True needs num_assistant_tokens and max_ngram_size > 0 in the "
+                "generation config"
+            )
+        if config.assistant_confidence_threshold:
+            raise ValueError(
+                "assistant_confidence_threshold needs a draft model (draft_model=), not "
+                "prompt_lookup"
+            )
+        return
+    if config.max_ngram_size:
+        raise ValueError(
+            f"max_ngram_size={config.max_ngram_size} is for prompt_lookup=True, not draft_model"
+        )
+    if config.assistant_confidence_threshold and config.num_assistant_tokens:
+        raise ValueError(
+            "num_assistant_tokens and assistant_confidence_threshold are mutually exclusive "
+            "(as in openvino_genai): set one of them"
+        )
+
+
+def candidates_per_step(config: GenerationConfig) -> tuple[int, float]:
+    """(candidates per main-model call, the draft's confidence threshold)."""
+    threshold = float(config.assistant_confidence_threshold)
+    if threshold > 0:
+        return MAX_THRESHOLD_CANDIDATES, threshold
+    return int(config.num_assistant_tokens or DEFAULT_ASSISTANT_TOKENS), 0.0
+
+
+Plan = tuple[str | None, DraftModel | None]  # (mode, the draft to load)
+
+
+def take_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Pop ``prompt_lookup`` / ``draft_model`` from ``LLMPipeline``'s settings."""
+    return {k: settings.pop(k) for k in SETTINGS if k in settings}
+
+
+def plan(given: Mapping[str, Any], config: Any) -> Plan:
+    """Check the settings before anything is compiled: the mode and the draft to load."""
+    lookup, draft = given.get("prompt_lookup", False), given.get("draft_model")
+    if not isinstance(lookup, (bool, np.bool_)):
+        raise ValueError(f"prompt_lookup must be True or False, got {lookup!r}")
+    if lookup and draft is not None:
+        raise ValueError("prompt_lookup=True and draft_model= are exclusive: give one")
+    mode = "prompt_lookup" if lookup else "draft_model" if draft is not None else None
+    if mode is not None and not config.paged:
+        raise ValueError(f"{mode}: {SPECULATIVE_PATH}")
+    return mode, resolve_draft(draft) if draft is not None else None
+
+
+class Assisted:
+    """A pipeline's assisted generation: none, prompt lookup or a draft model.  It checks each
+    call's generation config and wraps the runner for the calls that speculate."""
+
+    def __init__(self, mode: str | None = None, draft: Runner | None = None) -> None:
+        self.mode = mode
+        self.draft = draft
+        self.last: SpeculativeStats | None = None
+        self._current: SpeculativeRunner | None = None
+        self._done: list[SpeculativeRunner] = []  # this call's prompts (extended metrics)
+
+    @classmethod
+    def build(cls, plan: Plan, pipe: Any, settings: Mapping[str, Any]) -> Assisted:
+        """From :func:`plan` (``pipe``: the pipeline, built; ``settings``: what it was given,
+        which the draft inherits)."""
+        mode, draft = plan
+        if draft is None:
+            return cls(mode)
+        runner, vocab = build_draft(draft, pipe.config.device, settings)
+        if vocab != pipe.vocab_size:
+            raise ValueError(
+                f"draft_model has a vocabulary of {vocab} tokens, the model {pipe.vocab_size}: "
+                "the draft must share the main model's tokenizer"
+            )
+        return cls(mode, runner)
+
+    def check(self, config: GenerationConfig) -> None:
+        """Refuse what ``config`` asks that this pipeline cannot do; a generate call starts."""
+        check_config(config, self.mode)
+        self._done = []
+
+    def runner(self, runner: Runner, config: GenerationConfig) -> Runner:
+        """``runner``, wrapped for this call when the pipeline speculates."""
+        self._current = None
+        if self.mode is None:
+            return runner
+        count, threshold = candidates_per_step(config)
+        source: CandidateSource
+        if self.draft is None:
+            source = PromptLookup(config.max_ngram_size)
+        else:
+            source = DraftProposer(self.draft, threshold)
+        self.last = SpeculativeStats(self.mode)
+        self._current = SpeculativeRunner(runner, source, count, config.new_token_budget, self.last)
+        return cast(Runner, self._current)
+
+    def finish(self) -> None:
+        if self._current is not None:
+            self._current.finish()
+            self._done.append(self._current)
+            self._current = None
+
+    def extended_metrics(self, metrics: PerfMetrics) -> SDPerModelsPerfMetrics | None:
+        """genai's ``extended_perf_metrics`` for the call that ``metrics`` measured: the
+        main and draft models' calls and the candidates' counts with a draft model; None
+        otherwise (genai's prompt lookup returns None too)."""
+        done, self._done = self._done, []
+        if self.draft is None or not done:
+            return None
+        main = SDPerfMetrics.of([r.main_calls for r in done], metrics.load_time, 0)
+        drafts = [cast(DraftProposer, r.source).timing for r in done]
+        draft = SDPerfMetrics.of(drafts, metrics.load_time, 0)
+        accepted = sum(r.counts.accepted for r in done)
+        return SDPerModelsPerfMetrics(
+            metrics, main, draft, accepted, sum(r.counts.candidates for r in done)
+        )
+
+    def stats(self) -> dict[str, Any]:
+        return {"speculative": self.last.as_dict()} if self.last is not None else {}

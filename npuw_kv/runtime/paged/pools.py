@@ -1,0 +1,192 @@
+"""The memory behind the PagedAttention runner: one block pool per attention window.
+
+A sliding-window model's layers are grouped by window, each group with its own pool, block
+table input and cache tensors: a windowed layer holds the blocks its window reads.  Beyond
+what one sequence needs, ``prefix_cache_tokens`` of room (device pools) and
+``prefix_cache_host_tokens`` (a host tier the evicted blocks move to, and come back from on a
+hit) are split between the windows by ``kv_window_shares``.  :class:`PagedPools` sizes the
+pools, allocates the cache tensors and the host tier, binds them to the request once, and
+makes the block manager that places blocks in them; the runner only runs tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import openvino as ov
+
+from ...kv.blocks import (
+    BlockManagerConfig,
+    KVBlockManager,
+    PoolKind,
+    Shares,
+    assign_shares,
+    format_shares,
+    parse_window_shares,
+    uniform_layers,
+    window_label,
+)
+from ...kv.paged_cache import (
+    HostTier,
+    PagedKVCache,
+    PagedSpec,
+    PoolPlan,
+    block_bytes,
+    plan_pools,
+)
+from ...model.paged_rewrite import CACHE_PREFIXES, block_table_input, cache_inputs
+
+
+class PagedPools:
+    """Cache tensors, host tier and block manager of one PagedAttention request."""
+
+    cache: PagedKVCache
+    host: HostTier
+    plan: PoolPlan
+    blocks: KVBlockManager
+
+    def __init__(
+        self,
+        request: ov.InferRequest,
+        capacity: int,
+        chunk: int,
+        windows: Sequence[int | None] | None,
+        room: int,
+        host_tokens: int,
+        shares: Shares | None,
+        shares_source: str,
+    ) -> None:
+        """``capacity``: tokens one sequence may hold; ``room``: prefix-cache tokens beyond
+        it; ``windows``: each layer's attention window (None: full; default all full)."""
+        self.request = request
+        self.capacity, self.chunk = capacity, chunk
+        self.room, self.host_tokens = room, host_tokens
+        self.specs = [
+            PagedSpec(
+                p.get_any_name(),
+                p.get_element_type(),
+                tuple(d.get_length() for d in list(p.get_partial_shape())[1:]),
+            )
+            for p in cache_inputs(request.get_compiled_model())
+        ]
+        # V blocks are [heads, block_size, dims]; u8 K blocks carry extra scale rows
+        values = [s for s in self.specs if s.name.startswith("value_cache.")]
+        self.block_size = values[0].block_shape[1]
+        heads, _, dims = values[0].block_shape
+        self.windows = tuple(windows) if windows is not None else (None,) * len(values)
+        if len(self.windows) != len(values):
+            raise ValueError(f"{len(self.windows)} windows for {len(values)} cache layers")
+        self.layers = uniform_layers(self.windows, heads, dims)
+        self.keys = [capacity if w is None else w for w in self.windows]  # manager key per layer
+        self.names = {  # manager key -> the cache tensors of its layers
+            key: [
+                f"{p}{layer}"
+                for layer, k in enumerate(self.keys)
+                if k == key
+                for p in CACHE_PREFIXES
+            ]
+            for key in sorted(set(self.keys))
+        }
+        self.table_inputs = {
+            key: block_table_input(None if key == capacity else key) for key in self.keys
+        }
+        self.moved_bytes = 0  # block moves: SWA prefix hits, host-tier offloads and restores
+        self.allocate(self.plan_for(shares, shares_source))
+
+    @property
+    def windowed(self) -> bool:
+        """True when some layer has a sliding window (more than one block table)."""
+        return list(self.table_inputs) != [self.capacity]
+
+    def plan_for(self, shares: Shares | None, source: str) -> PoolPlan:
+        """Pool sizes for ``shares`` (checked against the model's windows, errors naming
+        ``source``), before anything is allocated."""
+        split = None
+        if shares is not None:
+            split = assign_shares(shares, sorted(self.names), self.capacity, source)
+            if not self.room and not self.host_tokens:
+                warnings.warn(
+                    f"{source} has nothing to split: it shares out prefix_cache_tokens and "
+                    "prefix_cache_host_tokens, both 0 (each pool holds what one sequence needs)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return plan_pools(
+            self.windows,
+            self.capacity,
+            self.room,
+            self.host_tokens,
+            self.block_size,
+            self.chunk,
+            block_bytes(self.specs, self.names),
+            split,
+        )
+
+    def allocate(self, plan: PoolPlan) -> None:
+        """Cache tensors and host tier sized by ``plan``, bound to the request; an empty
+        manager over them.  Nothing changes if an allocation fails."""
+        sizes = {
+            f"{prefix}{layer}": plan.primary[key]
+            for layer, key in enumerate(self.keys)
+            for prefix in CACHE_PREFIXES
+        }
+        cache = PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
+        host = HostTier(cache, self.names, plan.host, self.host_tokens)
+        for name, tensor in cache.tensors.items():
+            self.request.set_tensor(name, tensor)
+        self.cache, self.host, self.plan = cache, host, plan
+        self.blocks = self.new_manager()
+
+    def set_window_shares(self, value: object, source: str) -> str | None:
+        """Split the room and the host tier between the window pools anew (None: the default
+        split); the cached prefixes are dropped.  Bad shares raise a ValueError naming
+        ``source`` with nothing changed.  Returns the shares' canonical text."""
+        shares = None if value is None else parse_window_shares(value, source)
+        self.allocate(self.plan_for(shares, source))
+        return None if shares is None else format_shares(shares)
+
+    def new_manager(self) -> KVBlockManager:
+        """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
+        config = BlockManagerConfig(
+            layers=self.layers,
+            max_seq_len=self.capacity,
+            primary_blocks=self.plan.primary,
+            host_blocks=self.plan.host,
+            tokens_per_block=self.block_size,
+            # blocks are stored even while prefix reuse is off, so turning it on finds them
+            enable_reuse=True,
+            max_tokens_per_call=self.chunk,
+        )
+        return KVBlockManager(config, copy_slots=self._copy_block)
+
+    def _copy_block(
+        self, window: int, src_pool: PoolKind, src: int, dst_pool: PoolKind, dst: int
+    ) -> None:
+        """The manager moves a block's bytes: a prefix hit on a sliding-window layer's block
+        that a live sequence holds (device slot to device slot), a block evicted to the host
+        tier or restored from it on a hit.  Counted."""
+        hosted = (src_pool is PoolKind.HOST, dst_pool is PoolKind.HOST)
+        self.moved_bytes += self.host.copy(self.cache, self.names[window], src, dst, hosted)
+
+    def stats(self) -> dict[str, Any]:
+        """Blocks per window pool (with the shares applied), the host tier's bytes (held now;
+        offloaded and restored so far), and the blocks held at a raised priority."""
+        manager = self.blocks.stats().windows
+        label = {key: window_label(key, self.capacity) for key in self.plan.primary}
+        return {
+            "kv_pool_blocks": {label[k]: n for k, n in self.plan.primary.items()},
+            "kv_window_shares": {label[k]: round(s, 6) for k, s in self.plan.shares.items()},
+            "kv_window_shares_given": self.plan.given,
+            "host_tier_blocks": {label[k]: n for k, n in self.plan.host.items()},
+            "host_tier_bytes_allocated": self.host.bytes_allocated,
+            "host_tier_bytes_held": sum(
+                manager[k].host_held * self.host.block_bytes[k] for k in self.plan.host
+            ),
+            "host_tier_bytes_offloaded": self.host.offloaded_bytes,
+            "host_tier_bytes_restored": self.host.restored_bytes,
+            "host_tier_offloads": sum(w.counters.offloads for w in manager.values()),
+            "host_tier_restores": sum(w.counters.onboards for w in manager.values()),
+            "priority_held_blocks": sum(w.priority_blocks for w in manager.values()),
+        }

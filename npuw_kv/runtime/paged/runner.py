@@ -1,0 +1,303 @@
+"""Prefill chunks and generate steps of a PagedAttention model over one paged KV cache.
+
+The same infer request runs both phases: a chunk of the prompt or one generated token, the
+number of tokens already cached (``past_lens``) and the sequence's block table.  The device
+writes each token's KV into its block of the cache tensors bound once at start, so nothing is
+copied, ever: not per chunk, not at the prefill -> generate switch.
+
+Which block holds what is the block manager's (``kv/blocks``): every prompt is a sequence, and
+its full blocks stay cached in the manager's reuse tree after it ends, until the space is
+needed (priority, then least recently used).  So a prompt reuses the longest cached prefix of
+*any* earlier prompt or answer, not only the last one: a system prompt shared by many chats,
+or two documents asked about in turn.  A u8 block's scales depend on which of its tokens were
+written together, so everything reused is written as a fresh run writes it: whole blocks only
+(the partial one is rerun from its start), chunks that end where a fresh run's do, and on u8
+no block that generated tokens completed (written one token at a time).  A continuation then
+reads exactly the KV a fresh run writes; its logits are a fresh run's bit for bit, except
+where the CPU's kernels round a shorter rerun chunk differently (SmolLM2 on an AVX2-only
+CPU: 3.5e-5).
+
+The cache's memory, one block pool per attention window with its host tier, is
+:class:`~.paged_pools.PagedPools`.  A chat's system prompt is held at SYSTEM_PRIORITY.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from ...errors import CapacityError
+from ...kv.blocks import KVBlockManager, PriorityRange, Shares
+from ...kv.paged_cache import HostTier, PagedKVCache, PoolPlan
+from ...model.paged_rewrite import LOGITS_ROWS
+from ..runner import ChunkHook, Runner
+from .pools import PagedPools
+
+#: retention priority of a chat's system prompt blocks (the manager's default is 35, max 100)
+SYSTEM_PRIORITY = 90
+
+
+class PagedRunner(Runner):
+    def __init__(
+        self,
+        request: ov.InferRequest,
+        capacity: int,
+        max_prompt_len: int,
+        chunk: int,
+        prefix_reuse: bool = False,
+        prefix_cache_tokens: int = 0,
+        windows: Sequence[int | None] | None = None,
+        host_tokens: int = 0,
+        shares: Shares | None = None,
+        shares_source: str = "kv_window_shares",
+    ) -> None:
+        """``capacity``: tokens one sequence may hold; ``prefix_cache_tokens``: room beyond it,
+        so that earlier prompts' blocks stay cached while a sequence of full length runs.
+        ``windows``: the attention window of each layer (None: full; default all full), whose
+        block tables the model takes as ``block_table_input(window)``.  ``host_tokens``: the
+        host tier, where blocks evicted from the pools go; ``shares`` (parsed, from the
+        setting ``shares_source``): how the room and the host tier split between windows."""
+        self.request = request
+        self._rows_input = any(
+            LOGITS_ROWS in i.get_names() for i in request.get_compiled_model().inputs
+        )
+        self.kv_binding = "paged"
+        # the device writes every token's KV into the cache in place: the host copies none
+        # (only a prefix hit on a sliding-window block a live sequence holds moves a block,
+        # and the host tier's offloads and restores: PagedPools.moved_bytes)
+        self.prefill_copied_bytes = self.switch_copied_bytes = 0
+        self.capacity = capacity
+        self.max_prompt_len = max_prompt_len
+        self.chunk = chunk
+        self.prefix_reuse = prefix_reuse
+        self.memory = PagedPools(
+            request,
+            capacity,
+            chunk,
+            windows,
+            prefix_cache_tokens,
+            host_tokens,
+            shares,
+            shares_source,
+        )
+        self._seq = 0  # id of the live sequence; 0: none yet
+        self.reused_tokens = 0
+        self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
+        # tokens at the start of the next prompt kept at SYSTEM_PRIORITY (hold_prefix)
+        self._held = self.held_tokens = 0
+        # u8 blocks written one token at a time get other scales than a fresh prefill writes:
+        # generated tokens' blocks are cached only for float KV, where they are the same
+        self._store_steps = self.cache.precision in ("f32", "f16", "bf16")
+        # beam search (runtime/beam_tables.py): the most distinct KV blocks the beams of the
+        # last search held at once, and the bytes its copy-on-write block copies moved
+        self.beam_peak_blocks = self.beam_copied_bytes = 0
+
+    # the memory's parts, as the pipeline, beam search and the tests read them
+    @property
+    def cache(self) -> PagedKVCache:  # type: ignore[override]
+        return self.memory.cache
+
+    @property
+    def blocks(self) -> KVBlockManager:
+        return self.memory.blocks
+
+    @property
+    def host(self) -> HostTier:
+        return self.memory.host
+
+    @property
+    def pools(self) -> PoolPlan:
+        return self.memory.plan
+
+    def set_window_shares(self, value: object, source: str = "kv_window_shares") -> str | None:
+        """Split the prefix-cache room and the host tier between the window pools anew (None:
+        the default split); the cached prefixes are dropped.  Bad shares raise a ValueError
+        naming ``source`` with nothing changed.  Returns the shares' canonical text."""
+        canonical = self.memory.set_window_shares(value, source)  # a new, empty manager
+        self.reused_tokens = 0
+        return canonical
+
+    def hold_prefix(self, tokens: int) -> None:
+        """Keep the next prompt's first ``tokens`` tokens (a chat's system prompt), in whole
+        blocks, at SYSTEM_PRIORITY: evicted after every other cached block."""
+        self._held = max(0, int(tokens))
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def shared_weights(self) -> bool:
+        return True  # one compiled model runs both phases
+
+    @property
+    def host_bytes_copied(self) -> int:
+        return self.memory.moved_bytes
+
+    @property
+    def tokens_in_cache(self) -> int:
+        """Tokens of the current sequence (prompt and fed answer) whose KV the cache holds."""
+        return self.blocks.num_tokens(self._seq) if self._seq in self.blocks.sequence_ids else 0
+
+    @property
+    def remaining_capacity(self) -> int:
+        """How many more tokens can be generated before the KV cache is full."""
+        return self.capacity - self.tokens_in_cache
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens in the reuse tree's blocks, over every cached prefix (the live sequence's
+        included); a later prompt can start from at most the longest of those prefixes.  With
+        sliding windows, the fewest over the windows (a hit needs every window)."""
+        windows = self.blocks.stats().windows
+        return min(windows[w].cached_blocks for w in self.pools.primary) * self.cache.block_size
+
+    def stats(self) -> dict[str, Any]:
+        """The common accounting, and the pools and tiers of the block manager: blocks per
+        window pool (with the shares applied), the host tier's bytes (held now; offloaded and
+        restored so far), and the blocks held at a chat system prompt's priority."""
+        return {
+            **super().stats(),
+            **self.memory.stats(),
+            "priority_held_tokens": self.held_tokens,
+        }
+
+    # -- phases ------------------------------------------------------------------------------
+    def _tables(self, blocks: int) -> dict[str, np.ndarray]:
+        """Each window's block table for the first ``blocks`` blocks of the sequence.
+
+        A sliding-window layer's blocks before its window are detached (the manager gives
+        -1).  The kernel still reads a block for each table entry and masks those outside the
+        window, so any block whose bytes are finite will do: they point at the first block
+        the sequence still holds, and the pool needs no spare block for them.
+        """
+        tables = {}
+        for key, name in self.memory.table_inputs.items():
+            table = np.array(self.blocks.block_table(self._seq, key)[:blocks], np.int32)
+            detached = table < 0
+            if detached.any():
+                held = table[~detached]
+                if held.size == 0:
+                    raise AssertionError(f"window {key}: every block of the sequence detached")
+                table[detached] = held[0]
+            tables[name] = table
+        return tables
+
+    def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
+        n, total = int(ids.size), past + int(ids.size)
+        blocks = self.cache.blocks_for(total)
+        # the model's LM head runs on the last ``rows`` tokens (none: every token)
+        extra = {LOGITS_ROWS: np.array([rows], np.int64)} if self._rows_input else {}
+        self.request.infer(
+            {
+                "input_ids": ids,
+                "position_ids": np.arange(past, total, dtype=np.int64),
+                "past_lens": np.array([past], np.int32),
+                "subsequence_begins": np.array([0, n], np.int32),
+                "block_indices_begins": np.array([0, blocks], np.int32),
+                "max_context_len": np.array(total, np.int32),
+                **self._tables(blocks),
+                **extra,
+            }
+        )
+        logits = self.request.get_tensor("logits").data
+        return logits.reshape(-1, logits.shape[-1])  # [1, vocab], or [n, vocab] (full logits)
+
+    def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
+        """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
+
+        Chunks end where a fresh run's do (multiples of C), so every block is written in the
+        same calls as in a fresh run: a u8 block's scales depend on that.
+        ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
+        """
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if ids.size > self.max_prompt_len:
+            raise CapacityError.prompt(ids.size, self.max_prompt_len)
+        with self._writing():
+            if self._seq in self.blocks.sequence_ids:
+                self.blocks.remove_sequence(self._seq)  # its full blocks stay cached for reuse
+            self._seq += 1
+            prompt = ids.tolist()
+            # whole blocks, >= 1 token left to run
+            start = self.blocks.lookup(prompt).hit_tokens if self.prefix_reuse else 0
+            self.reused_tokens = start
+            held, self._held = self._held // self.cache.block_size * self.cache.block_size, 0
+            self.held_tokens = held
+            priority = [PriorityRange(0, held, SYSTEM_PRIORITY)] if held else None
+            size = self.chunk
+            edges = [start, *range((start // size + 1) * size, ids.size, size), ids.size]
+            logits = np.empty((1, 0), np.float32)
+            for begin, end in zip(edges, edges[1:], strict=False):
+                if begin == start:
+                    reused = self.blocks.add_sequence(
+                        self._seq, prompt[:end], priority, reuse=self.prefix_reuse
+                    )
+                    if reused != start:  # the device is told `start` tokens are cached
+                        raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
+                else:
+                    self.blocks.add_tokens(self._seq, prompt[begin:end])
+                logits = self._infer(ids[begin:end], begin)
+                if on_chunk is not None:
+                    positions = np.arange(begin, end)[-logits.shape[0] :]
+                    on_chunk(positions, logits)
+        return logits[-1].copy()
+
+    def step(self, token: int) -> np.ndarray:
+        """Feed one token, write its KV into the next slot, return the next logits."""
+        if self.remaining_capacity <= 0:
+            raise CapacityError.cache_full(self.capacity)
+        past = self.tokens_in_cache
+        with self._writing():
+            self.blocks.add_token(self._seq, int(token), store=self._store_steps)
+            logits = self._infer(np.array([token], np.int64), past)
+        return logits[-1].copy()
+
+    # -- speculative decoding: several tokens checked in one call, the rejected ones dropped --
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` as one chunk; the logits after each of them, ``[n, vocab]``.
+
+        Row i predicts the token after ``tokens[i]``: a speculative decoder compares it with
+        candidate i + 1.  The KV of every token is written; :meth:`truncate` drops what the
+        decoder rejects.
+        """
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        if not 0 < ids.size <= self.chunk:
+            raise ValueError(f"verify takes 1 to {self.chunk} tokens, got {ids.size}")
+        if self.remaining_capacity < ids.size:
+            raise CapacityError.cache_full(self.capacity)
+        past = self.tokens_in_cache
+        with self._writing():
+            self.blocks.add_tokens(self._seq, ids.tolist(), store=self._store_steps)
+            logits = self._infer(ids, past, rows=int(ids.size))
+        return logits[-ids.size :].copy()
+
+    def truncate(self, length: int) -> None:
+        """Keep the KV of the sequence's first ``length`` tokens (at least the prompt's).  The
+        manager releases the blocks past it and takes every block no longer full out of the
+        reuse tree, so no rejected token's row is ever reused; the slots are overwritten by
+        the next call."""
+        if length < self.tokens_in_cache:  # the manager checks all before changing anything
+            self.blocks.truncate(self._seq, length)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Blocks are registered (and cached) before the device writes them.  If a call fails
+        part-way, forget every cached block, so none the device never wrote is reused; should
+        that itself be interrupted, the next call does it first."""
+        if self._dirty:
+            self._forget()
+        self._dirty = True
+        try:
+            yield
+        except BaseException:
+            self._forget()
+            raise
+        self._dirty = False
+
+    def _forget(self) -> None:
+        self.memory.blocks = self.memory.new_manager()
+        self.reused_tokens = 0
+        self._dirty = False
