@@ -52,7 +52,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(results, name)
     if name == "GenerationConfig":
-        from .generation.sampling import GenerationConfig
+        from .api.generation_config import GenerationConfig
 
         return GenerationConfig
     if name in ("draft_model", "DraftModel"):  # speculative decoding's draft

@@ -49,3 +49,9 @@ class CapacityError(ValueError):
     @classmethod
     def cache_full(cls, slots: int) -> CapacityError:
         return cls(f"KV cache is full ({slots} slots); raise min_response_len (MIN_RESPONSE_LEN)")
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of an error message (OpenVINO's carry their C++ call stack before it)."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__

@@ -25,22 +25,21 @@ import openvino_genai
 from .api.chat_history import fit_history
 from .api.chat_prefix import system_prompt_tokens
 from .api.encoding import PromptEncoder, check_text
+from .api.generation_config import GenerationConfig
 from .api.inputs import Prompt, check_request, read_inputs
 from .api.perf_metrics import CallTimer
 from .api.pipeline_args import model_directory, pipeline_args, scheduler_settings
 from .api.results import DecodedResults, EncodedResults, TextResult
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
-from .errors import ModelLoadError
+from .errors import ModelLoadError, last_line
 from .generation import speculative
 from .generation.beam_search import beam_search
-from .generation.decode import GenerationResult, Streamer, generate_sequences
+from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
-from .generation.sampling import GenerationConfig
-from .model.source import trained_context
-from .model.variants import read_ir
+from .generation.result import GenerationResult
+from .model.source import read_ir, trained_context
 from .runtime.build import build_runner
-from .runtime.compile import last_line
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .runtime.paged.runner import PagedRunner
 from .runtime.runner import Runner

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # npuw_kv from a checkout
 
-from npuw_kv.model.ring import ring_slots  # noqa: E402
-from npuw_kv.model.variants import StaticShapes  # noqa: E402
+from npuw_kv.kv.shapes import StaticShapes
+from npuw_kv.kv.slots import ring_slots
 from npuw_kv.runtime.static.plan import PromptPlan  # noqa: E402
 from npuw_kv.runtime.static.rings import held_slots, window_mask  # noqa: E402
 

@@ -23,9 +23,10 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from npuw_kv.config.pipeline_config import PipelineConfig
-from npuw_kv.model.source import resolve_model, wide_activations
+from npuw_kv.kv.shapes import StaticShapes
+from npuw_kv.model.source import read_ir, resolve_model, wide_activations
 from npuw_kv.model.split import split_model
-from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_ladder
+from npuw_kv.model.variants import prepare, static_ladder
 from npuw_kv.runtime.device import device_properties, resolve_kv_precision
 from npuw_kv.tools.bench_worker import status_mb
 

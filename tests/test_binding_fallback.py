@@ -9,8 +9,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
+from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.layout import KVLayout, KVPort
-from npuw_kv.model.variants import StaticShapes
 from npuw_kv.runtime.compile import Requests
 from npuw_kv.runtime.static.runner import StaticRunner
 

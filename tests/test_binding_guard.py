@@ -22,8 +22,8 @@ from conftest import RecordingRequest
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter
+from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.source import resolve_model
-from npuw_kv.model.variants import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
 from npuw_kv.runtime.static.binding import BoundPort, KVBinding

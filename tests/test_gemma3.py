@@ -21,8 +21,8 @@ import pytest
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelSourceError
 from npuw_kv.model import gemma3
-from npuw_kv.model.source import declared_window, resolve_model, trained_context
-from npuw_kv.model.variants import prepare, read_ir
+from npuw_kv.model.source import declared_window, read_ir, resolve_model, trained_context
+from npuw_kv.model.variants import prepare
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.tools.prompts import prompt_ids
 

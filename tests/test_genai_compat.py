@@ -24,7 +24,7 @@ from npuw_kv import LLMPipeline
 from npuw_kv.api.perf_metrics import PerfMetrics
 from npuw_kv.api.results import DecodedResults, EncodedResults, TextResult
 from npuw_kv.config.settings import EXACT_F32
-from npuw_kv.generation.decode import GenerationResult
+from npuw_kv.generation.result import GenerationResult
 
 QUESTION = "What is the capital of France?"
 NEW = 6

@@ -13,7 +13,7 @@ def make_cache(capacity=10):
     return SharedKVCache([KVSpec("k0", 3, 4), KVSpec("v0", 3, 4)], capacity, "f32")
 
 
-def test_blocks_are_dense_and_ranges_across_edges_go_by_segments():
+def test_blocks_are_dense_and_ranges_across_edges_go_by_pieces():
     cache = SharedKVCache([KVSpec("k0", 3, 4), KVSpec("r", 3, 4, ring=4)], 10, "f32", (4, 6))
     assert cache.bytes_allocated == (3 * 4 * 10 + 3 * 4 * 4) * 4  # the same memory as one block
     blocks = [cache.view("k0", 0, 4), cache.view("k0", 4, 6), cache.view("k0", 6, 10)]
@@ -23,18 +23,23 @@ def test_blocks_are_dense_and_ranges_across_edges_go_by_segments():
     # each block follows the one before in memory: one allocation
     for before, after in zip(blocks, blocks[1:], strict=False):
         assert after.data.ctypes.data == before.data.ctypes.data + before.data.nbytes
-    assert cache.segments("k0", 2, 9) == [(2, 4), (4, 6), (6, 9)]
-    assert cache.segments("k0", 6, 9) == [(6, 9)] and cache.segments("k0", 0, 4) == [(0, 4)]
+    # (first, stop, offset): the range's rows from offset on live in buffer slots [first, stop)
+    assert cache.pieces("k0", 2, 9) == [(2, 4, 0), (4, 6, 2), (6, 9, 4)]
+    assert cache.pieces("k0", 6, 9) == [(6, 9, 0)] and cache.pieces("k0", 0, 4) == [(0, 4, 0)]
     with pytest.raises(ValueError, match="edge of a block"):
         cache.view("k0", 3, 5)
     with pytest.raises(ValueError, match="held as blocks"):
         cache.array("k0")
-    for a, b in cache.segments("k0", 3, 8):  # write token-wise, read back through the views
+    for a, b, _ in cache.pieces("k0", 3, 8):  # write token-wise, read back through the views
         cache.token_rows("k0", a, b)[...] = np.arange(a, b)[None, :, None]
     assert (cache.rows("k0", 3, 4)[0, :, :, 0] == [3]).all()
     assert (cache.rows("k0", 4, 6)[0, :, :, 0] == [4, 5]).all()
     assert (cache.view("k0", 6, 10).data[0, :, :2, 0] == [6, 7]).all()
-    assert cache.segments("r", 1, 4) == [(1, 4)]  # a ring stays one block
+    assert cache.pieces("r", 1, 4) == [(1, 4, 0)]  # a ring stays one block, not cut at edges
+    # token slots on the ring: slot s lives at s mod 4, cut where the ring wraps
+    assert cache.pieces("r", 6, 9) == [(2, 4, 0), (0, 1, 2)]
+    with pytest.raises(ValueError, match="do not fit a ring"):
+        cache.pieces("r", 0, 5)
     assert cache.view("r", 0, 4).is_continuous()
     for edges in ((10,), (0, 4), (6, 4), (4, 4)):
         with pytest.raises(ValueError, match="edges"):

@@ -12,7 +12,7 @@ import pytest
 
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
-from npuw_kv.model.variants import StaticShapes
+from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
 
 C = 16
@@ -110,7 +110,7 @@ def test_lean_rungs_minimise_the_slots_a_full_prompt_reads():
     length, since each chunk below it reads one chunk less and only the 9th chunk reads more."""
     from itertools import combinations
 
-    from npuw_kv.model.variants import lean_rungs
+    from npuw_kv.kv.shapes import lean_rungs
 
     def read(rungs, whole, chunks):  # slots the first ``chunks`` chunks read
         return sum(min(p for p in (*rungs, whole) if p >= i) for i in range(chunks))

@@ -151,7 +151,8 @@ def test_long_chat_drops_the_oldest_exchanges_to_fit(pipe):
 
 
 def test_repetition_penalty_discourages_seen_tokens(pipe):
-    from npuw_kv.generation.sampling import GenerationConfig, Sampler
+    from npuw_kv.api.generation_config import GenerationConfig
+    from npuw_kv.generation.sampling import Sampler
 
     logits = np.array([3.0, 2.9, -1.0, 0.5], np.float32)
     assert Sampler(GenerationConfig(), prompt=np.array([0]))(logits) == 0

@@ -85,12 +85,12 @@ def test_save_and_restore_across_block_edges():
 
     def tokens_of(name: str, start: int, stop: int) -> np.ndarray:
         return np.concatenate(
-            [cache.token_rows(name, a, b) for a, b in cache.segments(name, start, stop)], axis=1
+            [cache.token_rows(name, a, b) for a, b, _ in cache.pieces(name, start, stop)], axis=1
         )
 
     rng = np.random.default_rng(1)
     for name in cache.specs:
-        for a, b in cache.segments(name, 0, SLOTS):
+        for a, b, _ in cache.pieces(name, 0, SLOTS):
             rows = cache.token_rows(name, a, b)
             rows[...] = rng.standard_normal(rows.shape)
     saved = {name: tokens_of(name, 10, 106).copy() for name in cache.specs}
@@ -98,7 +98,7 @@ def test_save_and_restore_across_block_edges():
     tokens = list(range(100, 200))
     store.save(tokens, first_slot=10)  # blocks of 32 at slots 10, 42 (across 50 and 60), 74
     for name in cache.specs:
-        for a, b in cache.segments(name, 0, SLOTS):
+        for a, b, _ in cache.pieces(name, 0, SLOTS):
             cache.token_rows(name, a, b)[...] = 0
     prompt = np.array([*tokens, 7, 8], np.int64)
     assert store.lookup(prompt) == 96

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.model.ring import plan_rings, ring_slots
-from npuw_kv.runtime.static.rings import ring_keeps, ring_segments, window_mask
+from npuw_kv.kv.slots import plan_rings, ring_segments, ring_slots
+from npuw_kv.runtime.static.rings import ring_keeps, window_mask
 
 
 def test_ring_is_window_plus_chunk_in_whole_chunks():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npuw_kv.generation.sampling import GenerationConfig, Sampler
+from npuw_kv.api.generation_config import GenerationConfig
+from npuw_kv.generation.sampling import Sampler
 
 
 def test_top_k_1_is_greedy_even_on_tied_logits():

@@ -9,10 +9,12 @@ import pytest
 
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
+from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model import attention as A
 from npuw_kv.model import transforms as T
 from npuw_kv.model.layout import discover_layout
-from npuw_kv.model.variants import StaticShapes, prepare, read_ir, static_pair
+from npuw_kv.model.source import read_ir
+from npuw_kv.model.variants import prepare, static_ladder
 
 SHAPES = StaticShapes(chunk=64, max_prompt_len=256, total_len=320)
 
@@ -49,9 +51,10 @@ def test_layout_pairs_ports_by_structure_not_names(smol_model):
         assert port.input_name in concat.input(0).get_source_output().get_names()
 
 
-def test_static_pair_shapes(smol_model):
+def test_static_ladder_of_the_whole_past_has_one_model_per_phase(smol_model):
     model, layout = prepare(smol_model)
-    prefill, generate = static_pair(model, layout, SHAPES)
+    ladder = static_ladder(model, layout, SHAPES)  # no pyramid, no generate variants
+    ((_, prefill),), ((_, generate),) = ladder.prefill, ladder.generate
     shape = {i.get_any_name(): i.get_shape() for i in prefill.inputs}
     assert shape["input_ids"] == [1, 64] and shape["attention_mask"] == [1, 256]
     assert shape["past_key_values.0.key"] == [1, 3, 192, 64]

@@ -22,10 +22,11 @@ from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter, copy_by_dim, relayout
+from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model import value_layout as VL
 from npuw_kv.model.layout import KVLayout, KVPort
-from npuw_kv.model.source import resolve_model
-from npuw_kv.model.variants import Ladder, StaticShapes, prepare, read_ir, static_pair
+from npuw_kv.model.source import read_ir, resolve_model
+from npuw_kv.model.variants import Ladder, prepare, static_ladder
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
 from npuw_kv.runtime.compile import check_value_layouts
@@ -49,7 +50,8 @@ def test_rewrite_gives_every_model_a_heads_dim_seq_v(smol_dir):
     axis 3, attention multiplies by V with transpose_b, and the present V is [1, H, D, n]."""
     model, layout = prepare(read_ir(ov.Core(), smol_dir), kv_precision="f16")
     shapes = StaticShapes(chunk=64, max_prompt_len=256, total_len=320)
-    prefill, generate = static_pair(model, layout, shapes, VL.ValueLayouts(True, True))
+    ladder = static_ladder(model, layout, shapes, VL.ValueLayouts(True, True))
+    ((_, prefill),), ((_, generate),) = ladder.prefill, ladder.generate
     for m, past, new in ((prefill, 192, 64), (generate, 319, 1)):
         shape = {i.get_any_name(): i.get_partial_shape() for i in m.inputs}
         assert shape["past_key_values.7.value"] == ov.PartialShape([1, 3, 64, past])

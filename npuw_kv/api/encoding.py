@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino_genai
 
-from ..runtime.compile import last_line
+from ..errors import last_line
 from .perf_metrics import CallTimer
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..generation.decode import GenerationResult
+from ..generation.result import GenerationResult
 from ..runtime.runner import Runner
 
 

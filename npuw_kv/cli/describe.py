@@ -7,11 +7,17 @@ from typing import Any
 import openvino as ov
 
 from ..config.pipeline_config import PipelineConfig
-from ..model.source import declared_window, resolve_model, trained_context, wide_activations
-from ..model.variants import prepare, read_ir
+from ..config.settings import STORE_BLOCK_TOKENS
+from ..model.source import (
+    declared_window,
+    read_ir,
+    resolve_model,
+    trained_context,
+    wide_activations,
+)
+from ..model.variants import prepare
 from ..runtime.compile import static_shapes
 from ..runtime.device import paged_kv_precision, resolve_kv_precision
-from ..runtime.static.prefix_store import TOKENS_PER_BLOCK
 
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
@@ -93,11 +99,11 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         _kv_line(kv_slots, per_token, layout.window, dict(shapes.rings(layout.window))),
     ]
     if cfg.prefix_cache_tokens:
-        stored = cfg.prefix_cache_tokens // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+        stored = cfg.prefix_cache_tokens // STORE_BLOCK_TOKENS * STORE_BLOCK_TOKENS
         lines.append(
             f"prefix store     {stored} tokens of earlier prompts on the host"
-            f" (+ {TOKENS_PER_BLOCK} for restores) = "
-            f"{(stored + TOKENS_PER_BLOCK) * per_token / 2**20:.1f} MiB"
+            f" (+ {STORE_BLOCK_TOKENS} for restores) = "
+            f"{(stored + STORE_BLOCK_TOKENS) * per_token / 2**20:.1f} MiB"
         )
     return "\n".join(lines)
 

@@ -31,8 +31,8 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.perf_metrics import TimedRunner
 from ..runtime.paged.beam_tables import BeamCache, beam_runner
-from .decode import GenerationResult
 from .logits_process import banned_ngram_ends
+from .result import GenerationResult
 from .stopping import StopStrings
 
 _F32 = np.float32

@@ -9,45 +9,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..api.generation_config import GenerationConfig
 from ..runtime.runner import Runner
 from .logits_process import LogitsConstraint
-from .sampling import GenerationConfig, Sampler
+from .result import GenerationResult
+from .sampling import Sampler
 from .stopping import StopStrings, TokenOutput
 
 # a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
 # openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
 Streamer = Any
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    text: str  # with ``echo``, the prompt's text first
-    # "stop" (stop token / string / constraint / streamer), "length", "cancelled"
-    finish_reason: str
-    prompt_tokens: int
-    ttft_s: float = 0.0
-    decode_s: float = 0.0
-    first_logits: np.ndarray | None = field(default=None, repr=False)
-    # per token: its log-probability as genai scores it (see npuw_kv.generation.sampling)
-    logprobs: list[float] = field(default_factory=list, repr=False)
-    # per token, with ``logprobs`` > 0: the most likely (token, log-prob) pairs, best first
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
-    # genai's ``scores[i]``: the sum of ``logprobs`` and of the stop token's, which genai counts
-    score: float = 0.0
-
-    @property
-    def ms_per_token(self) -> float:
-        steps = max(len(self.tokens) - 1, 1)
-        return 1000.0 * self.decode_s / steps
-
-    def __str__(self) -> str:
-        return self.text
 
 
 def generate_tokens(

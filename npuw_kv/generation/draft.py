@@ -87,8 +87,7 @@ def build_draft(
     import openvino as ov
 
     from ..config.pipeline_config import PipelineConfig
-    from ..model.source import resolve_model, trained_context
-    from ..model.variants import read_ir
+    from ..model.source import read_ir, resolve_model, trained_context
     from ..runtime.build import build_runner
 
     merged = {**settings, **draft.properties}

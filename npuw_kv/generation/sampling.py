@@ -16,8 +16,6 @@ from ..api.generation_config import GenerationConfig
 from ..errors import NumericError
 from .logits_process import LogitsConstraint, LogitsProcessor, log_softmax
 
-__all__ = ["Choice", "GenerationConfig", "Sampler"]
-
 
 @dataclass
 class Choice:

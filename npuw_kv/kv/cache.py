@@ -18,15 +18,14 @@ layouts overlap).  ``content_axis`` says which layout the slots hold now.
 
 A sliding-window layer may keep its KV in a ring (``KVSpec.ring`` slots, see
 :mod:`npuw_kv.model.ring`) instead of the whole capacity: its buffer is that long, and the slots
-the methods take are the ring's own (:mod:`npuw_kv.runtime.static.rings` maps token slots onto
-them).
+the methods take are the ring's own; :meth:`SharedKVCache.pieces` maps token slots onto them.
 
 With ``edges`` a (non-ring) buffer is laid out as blocks one after the other in the same memory,
 cut at those slots: slots ``[0, e1)`` as a dense ``[1, heads, e1, head_dim]``, then ``[e1, e2)``,
 and so on.  The static models' pasts end on the edges, so each reads whole blocks, dense
 tensors, not a strided view of one buffer (NPUW on the CPU copies a strided past before every
 call); a model takes its past as one input per block (``transforms.split_past``).  A slot range
-that crosses an edge has no single view: take it by :meth:`SharedKVCache.segments`.
+that crosses an edge has no single view: take it by :meth:`SharedKVCache.pieces`.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ import openvino as ov
 
 from .copy import CopyCounter, relayout
 from .memory import ensure_fits
+from .slots import Piece, pieces
 
 # precision -> (numpy storage dtype, OpenVINO element type). numpy has no bfloat16, so bf16
 # rows are stored as uint16 bit patterns and typed bf16 only in the ov.Tensor wrappers.
@@ -131,11 +131,12 @@ class SharedKVCache:
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         )
 
-    def segments(self, name: str, start: int, stop: int) -> list[tuple[int, int]]:
-        """``[start, stop)`` cut at the block edges: each piece has a view of its own."""
-        edges = [first for first, _ in self.blocks[name][1:] if start < first < stop]
-        bounds = [start, *edges, stop]
-        return list(zip(bounds[:-1], bounds[1:], strict=True))
+    def pieces(self, name: str, start: int, stop: int) -> list[Piece]:
+        """Token slots ``[start, stop)`` as the pieces of buffer ``name`` that hold them, each
+        with a view of its own: cut at the block edges, or where a ring wraps
+        (:func:`npuw_kv.kv.slots.pieces`)."""
+        spec = self.specs[name]
+        return pieces(start, stop, spec.ring, () if spec.ring else self.edges)
 
     def _block(self, name: str, start: int, stop: int) -> tuple[int, np.ndarray]:
         """The block holding slots ``[start, stop)``: its first slot and its array."""
@@ -145,7 +146,7 @@ class SharedKVCache:
         if stop > first + rows:
             raise ValueError(
                 f"KV slots [{start}, {stop}) of {name} cross the edge of a block "
-                f"({first + rows}): take them by segments()"
+                f"({first + rows}): take them by pieces()"
             )
         return first, block
 
@@ -241,7 +242,7 @@ class SharedKVCache:
         if src_axis == seq_axis or start >= stop:
             return 0
         moved = 0
-        for a, b in self.segments(name, start, stop):
+        for a, b, _ in self.pieces(name, start, stop):
             dst = self.rows(name, a, b, seq_axis)
             relayout(dst, self.rows(name, a, b, src_axis), seq_axis, src_axis, counter)
             moved += dst.nbytes

@@ -60,8 +60,6 @@ CONVERSION = 1
 # the GGUF's pieces for this text, with <bos> (checked after every conversion)
 CHECK_TEXT = "The capital of France is"
 CHECK_IDS = [2, 818, 5279, 529, 7001, 563]
-NUM_LAYERS = 18
-SLIDING_WINDOW = 512
 
 # Gemma 3's chat template (text turns; the GGUF carries none). The 270M GGUF is the pretrained
 # model, which does not follow turns well: raw continuation needs apply_chat_template=False.

@@ -80,12 +80,6 @@ class SpmVocab:
             chat_template=get("chat_template"),
         )
 
-    @classmethod
-    def from_gguf(cls, path: str | Path) -> SpmVocab:
-        import gguf
-
-        return cls.from_fields(gguf.GGUFReader(str(path)).fields)
-
 
 def spm_merges(vocab: SpmVocab) -> list[tuple[str, str]]:
     """BPE merges equivalent to SentencePiece's BPE: every split of a normal piece into two

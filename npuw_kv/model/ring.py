@@ -19,7 +19,6 @@ a full layer's past.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import openvino as ov
@@ -28,21 +27,6 @@ import openvino.opset13 as ops
 from ..errors import ModelLayoutError
 from .layout import KVLayout
 from .window import attention_layer
-
-
-def ring_slots(window: int, chunk: int) -> int:
-    """Slots of a window-``window`` ring: the window before a chunk plus the chunk, in whole
-    chunks (a chunk of a fresh prompt then never wraps)."""
-    return -(-(window + chunk - 1) // chunk) * chunk
-
-
-def plan_rings(
-    windows: Sequence[int | None], chunk: int, capacity: int
-) -> tuple[tuple[int, int], ...]:
-    """``(window, slots)`` of each distinct window whose ring is smaller than the whole
-    ``capacity`` (a window as long as the cache gains nothing from a ring)."""
-    rings = {w: ring_slots(w, chunk) for w in windows if w is not None}
-    return tuple(sorted((w, r) for w, r in rings.items() if r < capacity))
 
 
 def mask_input(window: int) -> str:

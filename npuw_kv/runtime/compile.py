@@ -10,11 +10,12 @@ import openvino as ov
 
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
-from ..errors import CompileError, ModelLayoutError
+from ..errors import CompileError, ModelLayoutError, last_line
+from ..kv.shapes import StaticShapes
 from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
-from ..model.variants import Ladder, StaticShapes, shared_dynamic, static_ladder
+from ..model.variants import Ladder, shared_dynamic, static_ladder
 from .device import (
     compute_precision,
     device_properties,
@@ -54,12 +55,6 @@ class Requests:
         if self.head is not None:
             return self.head.get_compiled_model().outputs[0]
         return self.prefill.get_compiled_model().outputs[index]
-
-
-def last_line(exc: BaseException) -> str:
-    """The last line of an error message (OpenVINO's carry their C++ call stack before it)."""
-    lines = str(exc).strip().splitlines()
-    return lines[-1] if lines else type(exc).__name__
 
 
 def _split(model: ov.Model, layout: KVLayout, config: PipelineConfig) -> SplitModel | None:

@@ -1,5 +1,5 @@
 """Random driver of ``KVBlockManager``, shared by ``test_random_driver.py`` and
-``scripts/fuzz_blocks.py``.
+``fuzz.py`` (the long runs).
 
 Episodes draw a layout (>= 3 window sizes: 2-3 sliding windows, usually with full attention),
 tight primary pools, host pools from 1 block to twice the primary, priorities, chunk size and
@@ -373,7 +373,7 @@ def run(ops: int, seed: int, *, episode: int | None = None, progress: bool = Fal
                 recent = "\n  ".join(driver.log)
                 raise FuzzFailure(
                     f"seed {seed} episode {index} ({ep}): {type(exc).__name__}: {exc}\n"
-                    f"replay: python scripts/fuzz_blocks.py --seed {seed} --episode {index}\n"
+                    f"replay: python tests/blocks/fuzz.py --seed {seed} --episode {index}\n"
                     f"last operations:\n  {recent}"
                 ) from exc
             if episode is None and stats.ops >= ops:

@@ -1,11 +1,15 @@
 """The random driver (``fuzz_driver``) at a fixed seed, and proof that it catches planted bugs.
 
-``python scripts/fuzz_blocks.py --ops 100000 --seed N`` runs the same driver for longer.
+``python tests/blocks/fuzz.py --ops 100000 --seed N`` runs the same driver for longer.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from fuzz_driver import FuzzFailure, run
@@ -16,6 +20,14 @@ from npuw_kv.kv.blocks import window_manager as wm_module
 from npuw_kv.kv.blocks.reclaim import Reclaimer
 
 OPS = 25_000
+
+
+def test_the_long_run_command_runs_the_driver() -> None:
+    fuzz = Path(__file__).with_name("fuzz.py")
+    cmd = [sys.executable, str(fuzz), "--ops", "1000", "--seed", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"checked: [1-9]\d* live rows", proc.stdout), proc.stdout
 
 
 def test_random_driver_fixed_seed() -> None:

@@ -56,7 +56,6 @@ from ...config.settings import KV_BINDINGS
 from ...kv.cache import SEQ_AXIS, SharedKVCache, seq_slice
 from ...kv.copy import CopyCounter, safe_copy
 from ...model.transforms import tail_input
-from .rings import ring_segments
 
 # how a port's tensor reaches the request: the cache's own memory, or dense host staging
 BindPath = Literal["direct", "staged"]
@@ -139,11 +138,11 @@ class KVBinding:
                 other = port.name if target != port.name else tail_input(port.name)
                 request.set_tensor(other, self._empty(port.name))
             path: BindPath
-            pieces = [] if sliced else cache.segments(port.name, 0, past_len)
+            pieces = [] if sliced else cache.pieces(port.name, 0, past_len)
             if len(pieces) > 1:  # a past over several blocks: one input per block
                 paths = {
                     self._bind_past(port, tail_input(port.name, part), a, b, views)
-                    for part, (a, b) in enumerate(pieces)
+                    for part, (a, b, _) in enumerate(pieces)
                 }
                 path = "direct" if paths == {"direct"} else "staged"
             elif views and sliced:  # growing (prefill) or whole (generate), checked above
@@ -239,7 +238,7 @@ class KVBinding:
             axis, ring = self._axis[name], self._ring.get(name, 0)
             if ring:
                 lo = max(self._ring_synced, live_end - ring)
-                for a, b, _ in ring_segments(lo, max(lo, live_end), ring):
+                for a, b, _ in self.cache.pieces(name, lo, max(lo, live_end)):
                     rows = self.cache.rows(name, a, b, axis)
                     safe_copy(seq_slice(past, axis, a, b), rows, self.counter)
                 continue
@@ -255,21 +254,17 @@ class KVBinding:
 
     def _output_view(self, name: str, start: int, stop: int) -> ov.Tensor | None:
         """The view slots ``[start, stop)`` are written through; None: it must be staged."""
-        ring = self._ring.get(name, 0)
-        if ring and stop <= self.cache.capacity:
-            pieces = ring_segments(start, stop, ring)
-            if len(pieces) > 1:  # wraps around the ring's end: staged, copied in two pieces
-                return None
-            return self.cache.view(name, pieces[0][0], pieces[0][1], self._axis[name])
         if stop <= self.cache.capacity:
-            if len(self.cache.segments(name, start, stop)) > 1:  # crosses the blocks' edge
+            pieces = self.cache.pieces(name, start, stop)
+            if len(pieces) > 1:  # crosses a block edge or wraps round a ring: staged
                 return None
-            if (name, start, stop) in self._direct_in:
+            first, last, _ = pieces[0]
+            if (name, first, last) in self._direct_in:
                 # the output would be the very tensor a past input reads (a KV block of one
                 # chunk): NPUW then gives wrong results from the next call on (measured, f16
                 # KV, folded or not); staged instead
                 return None
-            return self.cache.view(name, start, stop, self._axis[name])
+            return self.cache.view(name, first, last, self._axis[name])
         # The very last step's KV is never read again (the cache is then full): discard it.
         # The scratch is a dense array, so even the contiguous guard binds it directly.
         if name not in self._scratch:
@@ -286,12 +281,7 @@ class KVBinding:
             if self.output_paths.get(port.name) != "staged":
                 continue
             new, axis = self._staging_out[port.name], port.seq_axis
-            if not port.ring:
-                for a, b in self.cache.segments(port.name, start, stop):
-                    rows = seq_slice(new, axis, a - start, b - start)
-                    safe_copy(self.cache.rows(port.name, a, b, axis), rows, self.counter)
-                continue
-            for a, b, offset in ring_segments(start, stop, port.ring):
+            for a, b, offset in self.cache.pieces(port.name, start, stop):
                 rows = seq_slice(new, axis, offset, offset + b - a)
                 safe_copy(self.cache.rows(port.name, a, b, axis), rows, self.counter)
         # rows rewritten below the synced mark (by staging or in place) must be re-synced

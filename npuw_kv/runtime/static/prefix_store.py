@@ -25,8 +25,6 @@ from ...kv.copy import CopyCounter
 from ...kv.memory import ensure_fits
 from ...model.layout import KVLayout
 
-TOKENS_PER_BLOCK = STORE_BLOCK_TOKENS
-
 
 class HostPrefixCache:
     """A block store of up to ``tokens`` tokens of KV, keyed by the tokens (radix tree)."""
@@ -35,7 +33,7 @@ class HostPrefixCache:
         self, cache: SharedKVCache, layout: KVLayout, tokens: int, counter: CopyCounter
     ) -> None:
         """``counter``: where the bytes copied to and from the store are counted."""
-        tpb = TOKENS_PER_BLOCK
+        tpb = STORE_BLOCK_TOKENS
         self.capacity = tokens // tpb * tpb  # whole blocks only
         if self.capacity < tpb:
             raise ValueError(
@@ -77,7 +75,7 @@ class HostPrefixCache:
 
     @property
     def cached_tokens(self) -> int:
-        return self.blocks.stats().windows[self._window].cached_blocks * TOKENS_PER_BLOCK
+        return self.blocks.stats().windows[self._window].cached_blocks * STORE_BLOCK_TOKENS
 
     def lookup(self, ids: np.ndarray) -> int:
         """Tokens of ``ids`` whose KV the store holds (whole blocks, one token at least left)."""
@@ -87,7 +85,7 @@ class HostPrefixCache:
     def save(self, tokens: Sequence[int], first_slot: int) -> None:
         """Copy the whole blocks of ``tokens`` (token i in slot ``first_slot + i``) that the
         store lacks into it; they stay cached for later prompts until evicted."""
-        whole = min(len(tokens), self.capacity) // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+        whole = min(len(tokens), self.capacity) // STORE_BLOCK_TOKENS * STORE_BLOCK_TOKENS
         if not whole:
             return
         tokens = [int(t) for t in tokens[:whole]]
@@ -99,8 +97,8 @@ class HostPrefixCache:
         reused = self.blocks.add_sequence(self._seq, tokens)
         try:
             table = self.blocks.block_table(self._seq, self._window)
-            for index in range(reused // TOKENS_PER_BLOCK, len(table)):
-                self._copy(table[index], first_slot + index * TOKENS_PER_BLOCK, to_store=True)
+            for index in range(reused // STORE_BLOCK_TOKENS, len(table)):
+                self._copy(table[index], first_slot + index * STORE_BLOCK_TOKENS, to_store=True)
         finally:
             self.blocks.remove_sequence(self._seq)
 
@@ -112,17 +110,17 @@ class HostPrefixCache:
             if reused != hit:
                 raise RuntimeError(f"prefix store reused {reused} tokens, not {hit}")
             table = self.blocks.block_table(self._seq, self._window)
-            for index in range(hit // TOKENS_PER_BLOCK):
-                self._copy(table[index], first_slot + index * TOKENS_PER_BLOCK, to_store=False)
+            for index in range(hit // STORE_BLOCK_TOKENS):
+                self._copy(table[index], first_slot + index * STORE_BLOCK_TOKENS, to_store=False)
         finally:
             self.blocks.remove_sequence(self._seq)
 
     def _copy(self, block: int, slot: int, *, to_store: bool) -> None:
-        stop = slot + TOKENS_PER_BLOCK
+        stop = slot + STORE_BLOCK_TOKENS
         for layer, (k_name, v_name) in enumerate(self._layers):
             view = self.blocks.layer_view(self._window, block, layer)  # [tpb, 2, heads, dim]
             for kv, name in ((0, k_name), (1, v_name)):
-                for a, b in self.cache.segments(name, slot, stop):  # cut at the block edges
+                for a, b, _ in self.cache.pieces(name, slot, stop):  # cut at the block edges
                     # [heads, rows, dim], whichever layout the buffer holds (V transposed or not)
                     rows = self.cache.token_rows(name, a, b)
                     store = view[a - slot : b - slot, kv]

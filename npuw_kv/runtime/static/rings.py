@@ -13,20 +13,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def ring_segments(start: int, stop: int, ring: int) -> list[tuple[int, int, int]]:
-    """Token slots ``[start, stop)`` (at most ``ring`` of them) as ``(ring_start, ring_stop,
-    offset)`` pieces: ring slots ``[ring_start, ring_stop)`` hold the rows from ``offset`` on."""
-    if stop - start > ring:
-        raise ValueError(f"{stop - start} slots do not fit a ring of {ring}")
-    pieces, offset = [], 0
-    while start < stop:
-        first = start % ring
-        n = min(stop - start, ring - first)
-        pieces.append((first, first + n, offset))
-        start, offset = start + n, offset + n
-    return pieces
-
-
 def held_slots(write_start: int, ring: int) -> np.ndarray:
     """The token slot each ring slot holds just before a call writes from ``write_start``
     (negative: never written)."""

@@ -16,10 +16,10 @@ import openvino as ov
 from ...errors import CapacityError
 from ...kv.cache import KVSpec, SharedKVCache, layout_name
 from ...kv.copy import CopyCounter
+from ...kv.shapes import StaticShapes
 from ...model.layout import KVLayout
 from ...model.ring import mask_input
 from ...model.split import EMBEDS_INPUT
-from ...model.variants import StaticShapes
 from ..compile import Requests, Variant
 from ..runner import ChunkHook, Runner
 from .binding import BoundPort

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...runtime.compile import last_line
+from ...errors import last_line
 from . import metrics
 from .modes import PEER_SLACK
 from .reference import GenaiReference, NpuwLLM, StatefulReference, TorchReference

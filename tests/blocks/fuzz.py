@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Long random run of the VSWA block manager (the driver in ``tests/blocks/fuzz_driver.py``).
+"""Long random run of the VSWA block manager (the driver in ``fuzz_driver.py`` beside this file).
 
 Every operation is followed by the manager's invariant checks and byte checks of every live
 row and cached block; a failure prints the seed, the episode and the last operations, and
 ``--episode`` replays that episode alone.
 
-Usage: python scripts/fuzz_blocks.py --ops 100000 --seed 1 [--episode N] [--progress]
+Usage: python tests/blocks/fuzz.py --ops 100000 --seed 1 [--episode N] [--progress]
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "blocks"))
-
-from fuzz_driver import FuzzFailure, run  # noqa: E402
+from fuzz_driver import FuzzFailure, run
 
 
 def main() -> int:

@@ -1,0 +1,34 @@
+"""What the token loop returns for one sequence: its tokens and text, why it stopped, its
+timings and scores (the pipeline shapes these as genai's results, :mod:`npuw_kv.api.results`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str  # with ``echo``, the prompt's text first
+    # "stop" (stop token / string / constraint / streamer), "length", "cancelled"
+    finish_reason: str
+    prompt_tokens: int
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    first_logits: np.ndarray | None = field(default=None, repr=False)
+    # per token: its log-probability as genai scores it (see npuw_kv.generation.sampling)
+    logprobs: list[float] = field(default_factory=list, repr=False)
+    # per token, with ``logprobs`` > 0: the most likely (token, log-prob) pairs, best first
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
+    # genai's ``scores[i]``: the sum of ``logprobs`` and of the stop token's, which genai counts
+    score: float = 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        steps = max(len(self.tokens) - 1, 1)
+        return 1000.0 * self.decode_s / steps
+
+    def __str__(self) -> str:
+        return self.text
