@@ -22,12 +22,13 @@ import time
 import numpy as np
 import openvino as ov
 
+from npuw_kv.config.decide import decide
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.source import read_ir, resolve_model, wide_activations
 from npuw_kv.model.split import split_model
 from npuw_kv.model.variants import prepare, static_ladder
-from npuw_kv.runtime.device import device_properties, resolve_kv_precision
+from npuw_kv.runtime.device import device_properties
 
 
 def main() -> None:
@@ -55,9 +56,9 @@ def main() -> None:
     shapes = StaticShapes.of(config, config.total_len)
     model_dir = resolve_model(args.model)
     wide = wide_activations(model_dir)  # as the pipeline: Gemma keeps f32 between sub-graphs
-    model, layout = prepare(
-        read_ir(core, model_dir), resolve_kv_precision(core, config, wide), shapes=shapes
-    )
+    decided = decide(core, config, wide)
+    assert decided.kv_precision is not None
+    model, layout = prepare(read_ir(core, model_dir), decided.kv_precision, shapes=shapes)
     ladder = static_ladder(split_model(model, layout).body, layout, shapes)
     if args.phase == "generate":
         variants, phase_layout = ladder.generate, ladder.generate_layout
@@ -74,7 +75,7 @@ def main() -> None:
             f"the smallest {args.phase} model reads {reads}: its past is dense either way; "
             "raise --max-prompt-len"
         )
-    device, props = device_properties(core, config, wide)
+    device, props = device_properties(decided)
     request = core.compile_model(chosen, device, props).create_infer_request()
     dense: dict[str, ov.Tensor] = {}
     strided: dict[str, ov.Tensor] = {}

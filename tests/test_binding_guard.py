@@ -143,9 +143,9 @@ def tiny_dirs(tmp_path_factory):
     return get
 
 
-def _one_block(core: ov.Core, config, capacity: int) -> StaticShapes:
+def _one_block(decided, capacity: int) -> StaticShapes:
     """The static shapes with the KV buffer as one block."""
-    return StaticShapes.of(config, capacity)
+    return StaticShapes.of(decided.config, capacity)
 
 
 @pytest.fixture(scope="module")

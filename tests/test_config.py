@@ -8,9 +8,9 @@ import warnings
 import openvino as ov
 import pytest
 
+from npuw_kv.config.decide import decide, kv_precision
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
-from npuw_kv.runtime.device import resolve_kv_precision
 
 
 def test_npuw_names_set_the_same_fields():
@@ -80,12 +80,12 @@ def test_bf16_kv_under_f32_compute_warns_towards_f16():
     core = ov.Core()
     bf16 = PipelineConfig.from_kwargs("CPU", kv_precision="bf16", **EXACT_F32)
     with pytest.warns(RuntimeWarning, match="Use kv_precision='f16'"):
-        assert resolve_kv_precision(core, bf16) == "bf16"
+        assert kv_precision(core, bf16) == "bf16"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for precision in ("f16", "f32", "auto"):
             cfg = PipelineConfig.from_kwargs("CPU", kv_precision=precision, **EXACT_F32)
-            assert resolve_kv_precision(core, cfg) == ("f32" if precision == "auto" else precision)
+            assert kv_precision(core, cfg) == ("f32" if precision == "auto" else precision)
 
 
 def test_unknown_device():
@@ -99,30 +99,26 @@ def test_npu_properties_share_weights_and_keep_f32_exact():
     from npuw_kv.runtime.device import device_properties
 
     core = ov.Core()
-    _, default = device_properties(core, PipelineConfig.from_kwargs("NPU"))
-    _, other = device_properties(core, PipelineConfig.from_kwargs("NPU"))
+
+    def props(device: str, wide: bool = False, **settings: object) -> dict:
+        return device_properties(
+            decide(core, PipelineConfig.from_kwargs(device, **settings), wide)
+        )[1]
+
+    default, other = props("NPU"), props("NPU")
     assert default["NPUW_FOLD"] == "YES"
     # one bank per pipeline: its prefill and generate models share it, other pipelines do not
     assert default["NPUW_WEIGHTS_BANK"] != other["NPUW_WEIGHTS_BANK"]
     assert "NPUW_F16IC" not in default  # NPUW's default (f16 between sub-graphs) unless f32
-    _, exact = device_properties(
-        core, PipelineConfig.from_kwargs("NPU", INFERENCE_PRECISION_HINT="f32")
-    )
+    exact = props("NPU", INFERENCE_PRECISION_HINT="f32")
     assert exact["NPUW_F16IC"] == "NO"
-    _, mine = device_properties(
-        core,
-        PipelineConfig.from_kwargs(
-            "NPU", NPUW_FOLD="NO", INFERENCE_PRECISION_HINT="f32", NPUW_F16IC="YES"
-        ),
-    )
+    mine = props("NPU", NPUW_FOLD="NO", INFERENCE_PRECISION_HINT="f32", NPUW_F16IC="YES")
     assert (mine["NPUW_FOLD"], mine["NPUW_F16IC"]) == ("NO", "YES")  # explicit settings win
     # a model whose activations leave the f16 range (Gemma) keeps f32 between sub-graphs,
     # unless NPUW_F16IC is given
-    _, wide = device_properties(core, PipelineConfig.from_kwargs("NPU"), wide_activations=True)
-    assert wide["NPUW_F16IC"] == "NO"
-    explicit = PipelineConfig.from_kwargs("NPU", NPUW_F16IC="YES")
-    assert device_properties(core, explicit, wide_activations=True)[1]["NPUW_F16IC"] == "YES"
-    _, cpu = device_properties(core, PipelineConfig.from_kwargs("CPU"))
+    assert props("NPU", wide=True)["NPUW_F16IC"] == "NO"
+    assert props("NPU", wide=True, NPUW_F16IC="YES")["NPUW_F16IC"] == "YES"
+    cpu = props("CPU")
     assert not any(k.startswith("NPUW") for k in cpu)
 
 
@@ -134,7 +130,7 @@ def test_npu_auto_kv_is_f16_unless_npuw_tensors_stay_f32():
 
     def kv(devices: str = "NPU", wide: bool = False, **settings: object) -> str:
         config = PipelineConfig.from_kwargs("NPU", npuw_devices=devices, **settings)
-        return resolve_kv_precision(core, config, wide)
+        return kv_precision(core, config, wide)
 
     assert kv() == kv("NPU,CPU") == kv("NPU.0") == "f16"
     assert kv(**EXACT_F32) == "f32"
@@ -196,3 +192,32 @@ def test_wide_activations_from_the_model_type(tmp_path, config, wide):
     if config is not None:
         (tmp_path / "config.json").write_text(json.dumps(config))
     assert wide_activations(tmp_path) is wide
+
+
+def test_decide_settles_every_auto_once():
+    """``decide`` turns each ``auto`` into what the builders read; explicit settings stay."""
+    core = ov.Core()
+    cpu = decide(core, PipelineConfig.from_kwargs("CPU"))
+    assert cpu.paged and cpu.kv_precision is None  # the paged plugin's own default (u8)
+    assert not cpu.static_models and cpu.npuw_devices == ""
+    exact = decide(core, PipelineConfig.from_kwargs("CPU", **EXACT_F32))
+    assert exact.paged and exact.kv_precision == "f32" and exact.compute_precision == "f32"
+    sdpa = decide(core, PipelineConfig.from_kwargs("CPU", attention_backend="sdpa", **EXACT_F32))
+    assert not sdpa.paged and not sdpa.static_models and sdpa.kv_precision == "f32"
+    assert (sdpa.prefill_ladder, sdpa.generate_ladder) == ("one", "one")
+    npu = decide(core, PipelineConfig.from_kwargs("NPU"))
+    assert not npu.paged and npu.static_models and npu.kv_precision == "f16"
+    assert (npu.prefill_ladder, npu.generate_ladder) == ("lean", "lean")
+    assert npu.npuw_devices == "CPU" and npu.npuw_f16 and not npu.v_transposed
+    assert npu.dense_blocks and npu.window_rings
+    full = PipelineConfig.from_kwargs(
+        "NPU", prefill_attention="pyramid", generate_pyramid=True, optimize_v_tensors=True
+    )
+    decided = decide(core, full, wide_activations=True)
+    assert (decided.prefill_ladder, decided.generate_ladder) == ("full", "full")
+    assert decided.v_transposed and not decided.dense_blocks  # V transposed: one block
+    assert decided.kv_precision == "f32" and not decided.npuw_f16  # wide activations
+    stored = decide(core, PipelineConfig.from_kwargs("NPU", prefix_cache_tokens=64))
+    assert not stored.window_rings  # the host store keeps every layer's whole past
+    text = "\n".join(npu.lines())
+    assert "ladders          prefill lean, generate lean" in text and "f16" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from npuw_kv.config import decide
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.shapes import StaticShapes
@@ -266,10 +267,15 @@ def test_variant_settings_take_npuw_names():
         NPUW_LLM_SHARED_HEAD="YES",
         NPUW_LLM_OPTIMIZE_V_TENSORS="NO",
     )
-    assert (config.pyramid, config.generate_variants, config.shared_head) == (False, False, True)
+    ladders = (decide.prefill_ladder(config), decide.generate_ladder(config))
+    assert ladders == ("one", "one") and config.shared_head is True
     assert config.compile_properties == {}  # ours: none of them reaches the plugin
-    assert PipelineConfig.from_kwargs("NPU").pyramid  # the default
-    assert not PipelineConfig.from_kwargs("CPU", prefill_attention="pyramid").pyramid
+    assert decide.prefill_ladder(PipelineConfig.from_kwargs("NPU")) == "lean"  # the default
+    # the CPU's one dynamic model reads exactly the past each chunk needs: no ladder
+    assert (
+        decide.prefill_ladder(PipelineConfig.from_kwargs("CPU", prefill_attention="pyramid"))
+        == "one"
+    )
 
 
 def test_kv_blocks_give_every_model_a_dense_past(tiny_dir, tiny_reference):

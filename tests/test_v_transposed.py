@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import openvino.opset13 as ops
 import pytest
 from conftest import RecordingRequest
 
+from npuw_kv.config import decide
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
@@ -160,9 +162,12 @@ def test_auto_builds_the_plain_ladder_where_one_phase_did_not_match(monkeypatch)
         return Ladder([], [], layout, layout, {"prefill": "no match"} if values else {})
 
     monkeypatch.setattr(compile_, "static_ladder", static_ladder)
-    config = PipelineConfig.from_kwargs("NPU")
+    # auto, decided as on a real NPU: V transposed
+    decided = replace(
+        decide.decide(ov.Core(), PipelineConfig.from_kwargs("NPU")), v_transposed=True
+    )
     with pytest.warns(RuntimeWarning, match="V stays"):
-        ladder = compile_.checked_ladder(None, layout, config, None, "NPU")  # type: ignore[arg-type]
+        ladder = compile_.checked_ladder(None, layout, decided, None)  # type: ignore[arg-type]
     assert asked == [VL.ValueLayouts(True, True), None] and not ladder.mismatched
 
 
@@ -181,11 +186,11 @@ def test_setting_is_refused_where_there_are_no_static_models(device, settings, r
             PipelineConfig.from_kwargs(device, NPUW_LLM_OPTIMIZE_V_TENSORS="YES", **settings)
     else:
         config = PipelineConfig.from_kwargs(device, NPUW_LLM_OPTIMIZE_V_TENSORS="YES", **settings)
-        assert config.v_transposed(real_npu=False)
+        assert decide.v_transposed(config, "CPU")
     auto = PipelineConfig.from_kwargs(device, **settings)
     # auto: only where NPUW places the static models on a real NPU
-    assert auto.v_transposed(real_npu=True) == auto.use_static_models
-    assert not auto.v_transposed(real_npu=False)
+    assert decide.v_transposed(auto, "NPU,CPU") == auto.use_static_models
+    assert not decide.v_transposed(auto, "CPU")
 
 
 # -- the buffer, the guard, the copy between layouts ----------------------------------------
@@ -347,7 +352,7 @@ def test_mixed_layouts_relayout_the_prompt_at_the_switch(tiny_gguf, monkeypatch,
     # V not transposed, with its KV buffer in one block as the mixed pipeline's (V transposed
     # keeps one block): the same staging, so the bytes differ by the relayout alone
     with monkeypatch.context() as patch:
-        patch.setattr(build, "static_shapes", lambda core, c, n: StaticShapes.of(c, n))
+        patch.setattr(build, "static_shapes", lambda d, n: StaticShapes.of(d.config, n))
         plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
     rewrite = VL.transpose_value_tensors
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import openvino as ov
 
+from ..config.decide import decide
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import STORE_BLOCK_TOKENS
 from ..model.source import (
@@ -17,7 +18,6 @@ from ..model.source import (
 )
 from ..model.variants import prepare
 from ..runtime.compile import static_shapes
-from ..runtime.device import paged_kv_precision, resolve_kv_precision
 
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
@@ -25,22 +25,14 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     model_dir = resolve_model(model, zero_points=cfg.gguf_zero_points)
     context = trained_context(model_dir)
     core = ov.Core()
-    shapes = static_shapes(core, cfg, cfg.kv_capacity(context))
+    decided = decide(core, cfg, wide_activations(model_dir))
+    shapes = static_shapes(decided, cfg.kv_capacity(context))
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
-    window = None if cfg.paged else declared_window(model_dir, shapes.total_len)
-    _, layout = prepare(
-        read_ir(core, model_dir),
-        resolve_kv_precision(core, cfg, wide_activations(model_dir)),
-        False,
-        window,
-    )
+    window = None if decided.paged else declared_window(model_dir, shapes.total_len)
+    precision = decided.kv_precision or decided.compute_precision  # for the bytes per token
+    _, layout = prepare(read_ir(core, model_dir), precision, False, window)
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
-    precision = (
-        (paged_kv_precision(cfg) or "the plugin's default (u8 on CPU)")
-        if cfg.paged
-        else layout.precision
-    )
     kv_slots = shapes.generate_past
     lines = [
         f"model            {model_dir}",
@@ -48,14 +40,14 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         f"layers           {layout.num_layers}",
         f"kv heads         {layout.num_kv_heads}",
         f"head_dim         {layout.head_dim}",
-        f"kv precision     {precision}",
         "attention window "
         + ", ".join("full" if w is None else str(w) for w in windows)
         + " (per layer: "
         + ", ".join("full" if w is None else str(w) for w in layout.window)
         + ")",
+        *decided.lines(),
     ]
-    if cfg.paged:
+    if decided.paged:
         lines += [
             f"device           {cfg.device} (attention_backend pa: one model, PagedAttention)",
             f"prefill          chunks of {shapes.chunk} tokens, prompts up to "
@@ -70,7 +62,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         return "\n".join(lines)
     lines += [
         f"device           {cfg.device} "
-        + ("(static models)" if cfg.use_static_models else "(one model, both shapes)"),
+        + ("(static models)" if decided.static_models else "(one model, both shapes)"),
         f"prefill          input_ids [1,{shapes.chunk}]  attention_mask [1,{shapes.max_prompt_len}]"
         f"  past [1,{layout.num_kv_heads},{shapes.prefill_past},{layout.head_dim}]",
         f"generate         input_ids [1,1]  attention_mask [1,{shapes.total_len}]"
@@ -84,7 +76,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
                 + ", ".join(map(str, shapes.generate_pasts))
                 + " (a model each, views of the same buffer)",
             ]
-            if cfg.use_static_models
+            if decided.static_models
             else []
         ),
         *(

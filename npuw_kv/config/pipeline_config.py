@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..kv.blocks.shares import format_shares, parse_window_shares
+from . import decide
 from .settings import (
     ALIASES,
     CHOICES,
@@ -233,57 +234,14 @@ class PipelineConfig:
             )
 
     @property
-    def ring_windows(self) -> bool:
-        """Whether the static-shape path keeps sliding-window layers' KV in rings
-        (``window_kv``; ``auto``: unless the host prefix store wants whole pasts)."""
-        return self.window_kv == "ring" or (
-            self.window_kv == "auto" and not self.prefix_cache_tokens
-        )
-
-    @property
-    def pyramid(self) -> bool:
-        """Prefill variants by past length on the static models (``auto``: the lean ladder)."""
-        return self.use_static_models and self.prefill_attention != "static"
-
-    @property
-    def generate_variants(self) -> bool:
-        """Generate variants by KV length on the static models (None: the lean ladder)."""
-        return self.use_static_models and self.generate_pyramid is not False
-
-    def v_transposed(self, real_npu: bool) -> bool:
-        """Whether the static models store V transposed (``optimize_v_tensors``).
-
-        ``auto`` (None): only where NPUW places the models on a real NPU (``real_npu``), as
-        NPUW's own default (YES) is meant for.  With NPUW on the CPU, the transposed V measured
-        no faster on SmolLM2 (docs/design.md, "V stored transposed"), so it stays off there.
-        """
-        if not self.use_static_models:
-            return False
-        if self.optimize_v_tensors is not None:
-            return self.optimize_v_tensors
-        return real_npu
-
-    @property
     def paged(self) -> bool:
-        """True when attention runs as the CPU plugin's PagedAttention over a paged cache.
-
-        ``auto`` picks it on CPU (the least memory: u8 KV blocks and no attention buffers
-        sized by the chunk) unless a setting only the static-shape path honours is given: two
-        static models, copy binding, or a KV precision named explicitly (the plugin's paged
-        kernel stores KV as u8 or in its compute precision only).
-        """
-        if self.attention_backend != "auto":
-            return self.attention_backend == "pa"
-        return (
-            self.device == "CPU"
-            and self.static_models is not True
-            and self.kv_binding == "roi"
-            and self.kv_precision in ("auto", "u8")
-        )
+        """PagedAttention (CPU) or the static-shape path (:func:`.decide.paged`)."""
+        return decide.paged(self)
 
     @property
     def use_static_models(self) -> bool:
-        return self.static_models if self.static_models is not None else self.device != "CPU"
+        """Static models per phase (:func:`.decide.static_models`)."""
+        return decide.static_models(self)
 
     @classmethod
     def setting_name(cls, key: str) -> str | None:

@@ -10,6 +10,7 @@ from functools import cached_property
 from itertools import combinations
 from typing import TYPE_CHECKING
 
+from ..config import decide
 from .slots import plan_rings
 
 if TYPE_CHECKING:
@@ -34,18 +35,23 @@ class StaticShapes:
     dense_blocks: bool = False
 
     @classmethod
-    def of(cls, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
-        """The shapes ``config`` asks for: ``auto`` ladders are the lean ones, an explicit
-        ``pyramid`` / ``generate_pyramid=YES`` the full ones."""
+    def of(
+        cls, config: PipelineConfig, kv_capacity: int, dense_blocks: bool = False
+    ) -> StaticShapes:
+        """The shapes ``config`` asks for (the ladders and rings as :mod:`npuw_kv.config.decide`
+        decides them: ``auto`` ladders are the lean ones, an explicit ``pyramid`` /
+        ``generate_pyramid=YES`` the full ones)."""
+        prefill, generate = decide.prefill_ladder(config), decide.generate_ladder(config)
         return cls(
             config.prefill_chunk_size,
             config.max_prompt_len,
             kv_capacity,
-            config.pyramid,
-            config.generate_variants,
-            lean_pyramid=config.prefill_attention == "auto",
-            lean_generate=config.generate_pyramid is None,
-            window_rings=config.ring_windows,
+            prefill != "one",
+            generate != "one",
+            lean_pyramid=prefill == "lean",
+            lean_generate=generate == "lean",
+            window_rings=decide.window_rings(config),
+            dense_blocks=dense_blocks,
         )
 
     def rings(self, windows: tuple[int | None, ...]) -> tuple[tuple[int, int], ...]:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino as ov
 
+from ..config.decide import Decided, decide
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import STORE_BLOCK_TOKENS, label
 from ..errors import CompileError, last_line
@@ -31,7 +32,6 @@ from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window, read_ir, wide_activations
 from ..model.variants import prepare
 from .compile import compile_paged, compile_requests, static_shapes
-from .device import resolve_kv_precision
 from .paged.runner import PagedRunner
 from .runner import Runner
 from .static.runner import StaticRunner
@@ -43,7 +43,8 @@ PAGED_ONLY = ("prefix_cache_host_tokens", "kv_window_shares")  # the block manag
 @dataclass
 class Built:
     runner: Runner
-    config: PipelineConfig  # as run: ``auto`` resolved, and changed by a fallback
+    config: PipelineConfig  # as run: as given, or changed by a fallback
+    decided: Decided  # its every ``auto`` decided (config/decide.py)
     vocab_size: int
     layout: KVLayout | None  # the static-shape path's KV layout (None on PagedAttention)
 
@@ -61,11 +62,13 @@ def build_runner(
     ``settings``: what the user passed, named in error messages.
     """
     build = _Builder(core, config, settings)
-    if config.paged:
+    wide = wide_activations(model_dir)
+    decided = decide(core, config, wide)  # every ``auto``, once
+    if decided.paged:
         paged = make_paged(ir, config.full_prefill_logits)
         windows = split_block_tables(paged, kv_capacity)
         try:
-            request = build.compile(lambda: compile_paged(core, paged, config))
+            request = build.compile(lambda: compile_paged(core, paged, decided))
         except CompileError as exc:
             if config.attention_backend != "auto" or build.refuses_properties():
                 raise
@@ -88,6 +91,7 @@ def build_runner(
                 prefix_cache_host_tokens=0,
                 kv_window_shares=None,
             )
+            decided = decide(core, config, wide)
         else:
             shares, source = shares_setting(
                 config.kv_window_shares, os.environ, label("kv_window_shares")
@@ -108,7 +112,7 @@ def build_runner(
                 ),
             )
             vocab = _vocab(request.get_compiled_model().output("logits"))
-            return Built(paged_runner, config, vocab, None)
+            return Built(paged_runner, config, decided, vocab, None)
     if os.environ.get(SHARES_ENV, "").strip():
         warnings.warn(
             f"{SHARES_ENV} ignored: it applies to attention_backend='pa' (one block pool per "
@@ -116,18 +120,18 @@ def build_runner(
             RuntimeWarning,
             stacklevel=3,
         )
-    shapes = static_shapes(core, config, kv_capacity)
-    wide = wide_activations(model_dir)
+    shapes = static_shapes(decided, kv_capacity)
+    assert decided.kv_precision is not None  # the static path always names one
     prepared, layout = prepare(
         ir,
-        resolve_kv_precision(core, config, wide),
+        decided.kv_precision,
         config.full_prefill_logits,
         declared_window(model_dir, kv_capacity),
         shapes,
     )
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
-    requests = build.compile(lambda: compile_requests(core, prepared, layout, config, shapes, wide))
+    requests = build.compile(lambda: compile_requests(core, prepared, layout, decided, shapes))
     runner = build.allocate(
         kv_capacity,
         lambda: StaticRunner(
@@ -140,7 +144,9 @@ def build_runner(
         ),
     )
     vocab = _vocab(requests.logits_output(layout.logits_output_index))
-    return Built(runner, config, vocab, runner.layout)  # the generate models' (V transposed?)
+    return Built(
+        runner, config, decided, vocab, runner.layout
+    )  # the generate models' (V transposed?)
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import openvino as ov
 
+from ..config.decide import Decided
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
 from ..errors import CompileError, ModelLayoutError, last_line
@@ -16,14 +17,7 @@ from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
 from ..model.variants import Ladder, shared_dynamic, static_ladder
-from .device import (
-    compute_precision,
-    device_properties,
-    limit_runtime_cache,
-    npuw_target,
-    on_real_npu,
-    paged_kv_precision,
-)
+from .device import device_properties, limit_runtime_cache
 
 
 @dataclass(frozen=True)
@@ -100,14 +94,13 @@ def compile_requests(
     core: ov.Core,
     model: ov.Model,
     layout: KVLayout,
-    config: PipelineConfig,
+    decided: Decided,
     shapes: StaticShapes,
-    wide_activations: bool = False,
 ) -> Requests:
-    """The static models of ``shapes``, compiled; ``wide_activations``: see
-    :func:`device_properties`."""
-    device, props = device_properties(core, config, wide_activations)
-    if config.use_static_models:
+    """The static models of ``shapes`` (or the one dynamic model), compiled."""
+    config = decided.config
+    device, props = device_properties(decided)
+    if decided.static_models:
         split = _split(model, layout, config)
         # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and
         # f32 tensors between them; the split body compiles
@@ -117,13 +110,7 @@ def compile_requests(
             and "NPUW_FUNCALL_FOR_ALL" not in config.compile_properties
         ):
             props = {**props, "NPUW_FUNCALL_FOR_ALL": "NO"}
-        ladder = checked_ladder(
-            split.body if split is not None else model,
-            layout,
-            config,
-            shapes,
-            str(props.get("NPUW_DEVICES", "")),
-        )
+        ladder = checked_ladder(split.body if split is not None else model, layout, decided, shapes)
         prefill_models, generate_models = ladder.prefill, ladder.generate
 
         def compile_all(p: dict[str, Any], pyramid: bool = True, variants: bool = True) -> Requests:
@@ -189,33 +176,23 @@ def compile_requests(
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 
 
-def static_shapes(core: ov.Core, config: PipelineConfig, kv_capacity: int) -> StaticShapes:
-    """The static shapes of ``config``.  Where V is not stored transposed, the KV buffer is cut
-    into blocks where the static models' pasts end (``StaticShapes.block_edges``)."""
-    shapes = StaticShapes.of(config, kv_capacity)
-    if config.use_static_models:
-        layouts = value_layouts(config, npuw_target(core, config))
-        if not (layouts.prefill or layouts.generate):
-            shapes = replace(shapes, dense_blocks=True)
-    return shapes
-
-
-def value_layouts(config: PipelineConfig, npuw_devices: str) -> ValueLayouts:
-    """Where the static models store V transposed: both phases or none (``optimize_v_tensors``;
-    ``auto``: where NPUW places them on a real NPU, by ``NPUW_DEVICES``)."""
-    wanted = config.v_transposed(on_real_npu(npuw_devices))
-    return ValueLayouts(wanted, wanted)
+def static_shapes(decided: Decided, kv_capacity: int) -> StaticShapes:
+    """The static shapes ``decided`` asks for.  Where V is not stored transposed, the KV buffer
+    is cut into blocks where the static models' pasts end (``StaticShapes.block_edges``)."""
+    return StaticShapes.of(decided.config, kv_capacity, decided.dense_blocks)
 
 
 def checked_ladder(
-    model: ov.Model, layout: KVLayout, config: PipelineConfig, shapes: StaticShapes, devices: str
+    model: ov.Model, layout: KVLayout, decided: Decided, shapes: StaticShapes
 ) -> Ladder:
-    """The static models of ``shapes``, after what the model could not take was refused (a
-    setting asked for) or left for the plain path with a warning (``auto``)."""
-    ladder = static_ladder(model, layout, shapes, value_layouts(config, devices))
-    if check_value_layouts(config, ladder):
+    """The static models of ``shapes``, V transposed in both phases or none, after what the
+    model could not take was refused (a setting asked for) or left for the plain path with a
+    warning (``auto``)."""
+    values = ValueLayouts(decided.v_transposed, decided.v_transposed)
+    ladder = static_ladder(model, layout, shapes, values)
+    if check_value_layouts(decided.config, ladder):
         ladder = static_ladder(model, layout, shapes)  # V as [1, H, S, D] in both phases
-    check_variants(config, ladder)
+    check_variants(decided.config, ladder)
     return ladder
 
 
@@ -274,17 +251,17 @@ def check_variants(config: PipelineConfig, ladder: Ladder) -> None:
         )
 
 
-def compile_paged(core: ov.Core, model: ov.Model, config: PipelineConfig) -> ov.InferRequest:
+def compile_paged(core: ov.Core, model: ov.Model, decided: Decided) -> ov.InferRequest:
     """Compile a PagedAttention model (CPU) with its KV precision and small per-shape caches.
 
     The plugin's paged kernel stores KV as u8 or in the compute precision (f16 too under f32
     compute); another pairing is refused here, naming the settings, rather than by the plugin.
     """
-    device, props = device_properties(core, config)
+    device, props = device_properties(decided)
     props = limit_runtime_cache(props)
-    precision = paged_kv_precision(config)
+    precision = decided.kv_precision
     if precision not in (None, "u8"):
-        compute = compute_precision(core, config)
+        compute = decided.compute_precision
         allowed = {"u8", compute} | ({"f16"} if compute == "f32" else set())
         if precision not in allowed:
             raise CompileError(

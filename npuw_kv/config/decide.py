@@ -1,0 +1,247 @@
+"""Every ``auto`` setting decided, here and nowhere else.
+
+A :class:`~npuw_kv.config.pipeline_config.PipelineConfig` keeps what the user gave, ``auto``
+included.  :func:`decide` turns it, the device and the model's one relevant fact (activations
+beyond the f16 range) into a :class:`Decided`: the attention backend, static models or one
+dynamic model, where NPUW runs, the compute and KV precisions, V transposed or not, rings for
+sliding-window layers, which pyramid ladders, KV blocks.  The builders read only that;
+``npuw-kv inspect`` prints it.
+
+The functions that need no device are used by the configuration's own validation too (which
+settings clash depends on whether ``auto`` picks PagedAttention).  What a model's graph refuses
+at build time (a rewrite that does not match, a variant that does not reshape, PagedAttention
+that does not compile) is a fallback the builder takes and records on its copy of the settings,
+not a decision made here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import openvino as ov
+
+    from .pipeline_config import PipelineConfig
+
+
+def paged(config: PipelineConfig) -> bool:
+    """Whether attention runs as the CPU plugin's PagedAttention over a paged cache.
+
+    ``auto`` picks it on CPU (the least memory: u8 KV blocks and no attention buffers sized by
+    the chunk) unless a setting only the static-shape path honours is given: two static models,
+    copy binding, or a KV precision named explicitly (the plugin's paged kernel stores KV as u8
+    or in its compute precision only).
+    """
+    if config.attention_backend != "auto":
+        return config.attention_backend == "pa"
+    return (
+        config.device == "CPU"
+        and config.static_models is not True
+        and config.kv_binding == "roi"
+        and config.kv_precision in ("auto", "u8")
+    )
+
+
+def static_models(config: PipelineConfig) -> bool:
+    """Two static models (NPUW's way, and the only one on NPU) or one dynamic model (CPU)."""
+    return config.static_models if config.static_models is not None else config.device != "CPU"
+
+
+def window_rings(config: PipelineConfig) -> bool:
+    """Whether the static-shape path keeps sliding-window layers' KV in rings (``window_kv``;
+    ``auto``: unless the host prefix store wants every layer's whole past)."""
+    return config.window_kv == "ring" or (
+        config.window_kv == "auto" and not config.prefix_cache_tokens
+    )
+
+
+def prefill_ladder(config: PipelineConfig) -> str:
+    """The static prefill models: ``"one"`` (the whole past), ``"lean"`` (``auto``: only the
+    variants that pay for their memory) or ``"full"`` (an explicit ``pyramid``)."""
+    if not static_models(config) or config.prefill_attention == "static":
+        return "one"
+    return "lean" if config.prefill_attention == "auto" else "full"
+
+
+def generate_ladder(config: PipelineConfig) -> str:
+    """The static generate models, as :func:`prefill_ladder` (``generate_pyramid`` None: lean)."""
+    if not static_models(config) or config.generate_pyramid is False:
+        return "one"
+    return "lean" if config.generate_pyramid is None else "full"
+
+
+def on_real_npu(devices: str) -> bool:
+    """Whether an ``NPUW_DEVICES`` list places the sub-models on an NPU first."""
+    return devices.upper().split(",")[0].strip().split(".")[0] == "NPU"  # NPU, NPU.0, ...
+
+
+def v_transposed(config: PipelineConfig, npuw_devices: str) -> bool:
+    """Whether the static models store V transposed (``optimize_v_tensors``).
+
+    ``auto`` (None): only where NPUW places the models on a real NPU, as NPUW's own default
+    (YES) is meant for.  With NPUW on the CPU, the transposed V measured no faster on SmolLM2
+    (docs/design.md, "V stored transposed"), so it stays off there.
+    """
+    if not static_models(config):
+        return False
+    if config.optimize_v_tensors is not None:
+        return config.optimize_v_tensors
+    return on_real_npu(npuw_devices)
+
+
+def type_name(hint: Any) -> str:
+    """An element-type hint (``ov.Type`` or a string) as a lower-case name, e.g. "bf16"."""
+    get = getattr(hint, "get_type_name", None)
+    return (get() if callable(get) else str(hint)).lower()
+
+
+def npuw_f16_between_subgraphs(config: PipelineConfig, wide_activations: bool) -> bool:
+    """Whether NPUW is left to pass f16 tensors between its sub-graphs (``NPUW_F16IC``, its
+    default): not under an f32 precision hint, nor for a model whose activations leave the f16
+    range.  An explicit ``NPUW_F16IC`` overrides the property set from this, not the KV
+    precision chosen from it."""
+    hint = type_name(config.compile_properties.get("INFERENCE_PRECISION_HINT", ""))
+    return hint not in ("f32", "float32") and not wide_activations
+
+
+def paged_kv_precision(config: PipelineConfig) -> str | None:
+    """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
+
+    ``auto`` leaves the plugin's default (u8 blocks on CPU, as openvino-genai runs), except
+    under an explicit f32 compute hint: asking for exact compute means exact KV too.
+    """
+    if config.kv_precision != "auto":
+        return config.kv_precision
+    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
+    return "f32" if hint is not None and type_name(hint) in ("f32", "fp32", "float32") else None
+
+
+def npuw_devices(core: ov.Core, config: PipelineConfig) -> str:
+    """Where NPUW runs its sub-models (``""`` off NPU): ``npuw_devices``, except that the
+    default (CPU) becomes "NPU,CPU" when a real NPU is present (use it, the CPU as fallback)."""
+    if config.device != "NPU":
+        return ""
+    if "NPU" in core.available_devices and config.npuw_devices == "CPU":
+        return "NPU,CPU"
+    return config.npuw_devices
+
+
+def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
+    """What the device computes K/V in: "bf16", "f16" or "f32" (the hint, if it can be met)."""
+    if config.device != "CPU":
+        return "f32"
+    hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
+    if hint is None:
+        hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
+    precision = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}.get(
+        type_name(hint), "f32"
+    )
+    # a hint the hardware cannot honour falls back to f32 compute
+    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return precision if precision.upper() in capabilities or precision == "f32" else "f32"
+
+
+def kv_precision(core: ov.Core, config: PipelineConfig, wide_activations: bool = False) -> str:
+    """What the static-shape path stores KV in; ``auto``: the precision the device computes
+    it in.
+
+    On NPU that is f16, as NPUW's own LLM pipeline stores it (a real NPU computes in f16),
+    except where our settings keep NPUW's tensors f32: under an f32 precision hint and for
+    models whose activations leave the f16 range (``wide_activations``).  With NPUW running its
+    sub-models on the CPU too: since the f16 past and the new KV are joined before the upcast
+    (``transforms._join_stored``), an f16 model no longer holds an f32 copy of its past, so
+    f16 KV costs less memory than f32 at 1k as well as at 4k (SmolLM2 fp16, lean ladders: peak
+    871 -> 850 MB at 1k, 1072 -> 968 MB at 4k, where TTFT fell 0.94-0.95x; docs/measurements.md).
+    Nor does it cost accuracy there: with NPUW's f16 tensors between sub-graphs the new K/V
+    reach the cache already rounded to f16 (identical device-default rows, docs/accuracy.md).
+
+    The CPU plugin with a bf16 (or f16) inference precision produces K/V in that type and
+    converts them to f32 only at the output, and converts f32 inputs back on every step; storing
+    them as bf16 is therefore lossless (bit-identical logits, tested) and halves the cache and
+    the per-step conversions.  Elsewhere ``auto`` means f32.
+    """
+    if config.kv_precision == "bf16" and compute_precision(core, config) == "f32":
+        warnings.warn(
+            "kv_precision='bf16' under f32 compute keeps 8 mantissa bits where 'f16' keeps 11 "
+            "for the same memory (on the 4k accuracy prompt bf16 KV leaves the f32 greedy path "
+            "at token 60, f16 KV does not); the CPU plugin itself stores f32 KV under the f32 "
+            "hint. Use kv_precision='f16' for 16-bit KV with f32 compute",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    if config.kv_precision != "auto":
+        return config.kv_precision
+    if config.device == "NPU":
+        return "f16" if npuw_f16_between_subgraphs(config, wide_activations) else "f32"
+    return compute_precision(core, config)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A pipeline's settings with every ``auto`` decided: what the builders read."""
+
+    config: PipelineConfig  # as given (validated), ``auto`` included
+    paged: bool  # PagedAttention (CPU) or the static-shape path
+    static_models: bool  # static models per phase, or one dynamic model (static path)
+    npuw_devices: str  # the NPUW_DEVICES the models get ("" off NPU)
+    npuw_f16: bool  # NPUW passes f16 tensors between its sub-graphs (NPUW_F16IC)
+    compute_precision: str  # what the device computes K/V in
+    kv_precision: str | None  # what KV is stored in; None: the paged plugin's own default
+    v_transposed: bool  # the static models store V as [1, H, D, S]
+    window_rings: bool  # sliding-window layers' KV in rings (static path)
+    prefill_ladder: str  # "one", "lean" or "full"
+    generate_ladder: str  # "one", "lean" or "full"
+
+    @property
+    def dense_blocks(self) -> bool:
+        """The static models' KV buffer cut into blocks where their pasts end (each past read
+        dense), wherever V is not transposed."""
+        return self.static_models and not self.v_transposed
+
+    def lines(self) -> list[str]:
+        """What ``npuw-kv inspect`` prints of the decisions."""
+        kv = self.kv_precision or "the plugin's default (u8 on CPU)"
+        out = [
+            "backend          " + ("pa (PagedAttention)" if self.paged else "sdpa (static shapes)"),
+            f"compute          {self.compute_precision}",
+            f"kv precision     {kv}",
+        ]
+        if self.paged:
+            return out
+        out.append(
+            "models           "
+            + ("static per phase" if self.static_models else "one dynamic model, both shapes")
+        )
+        if self.static_models:
+            out += [
+                f"ladders          prefill {self.prefill_ladder}, generate {self.generate_ladder}",
+                "V layout         "
+                + ("[1,H,D,S] (transposed)" if self.v_transposed else "[1,H,S,D]"),
+            ]
+        if self.npuw_devices:
+            f16 = "f16" if self.npuw_f16 else "f32"
+            out.append(f"NPUW devices     {self.npuw_devices} ({f16} between sub-graphs)")
+        out.append(f"window KV        {'rings' if self.window_rings else 'whole past'}")
+        return out
+
+
+def decide(core: ov.Core, config: PipelineConfig, wide_activations: bool = False) -> Decided:
+    """Every ``auto`` of ``config`` decided for ``core``'s devices; ``wide_activations``: the
+    model's activations leave the f16 range (:func:`~npuw_kv.model.source.wide_activations`)."""
+    is_paged = paged(config)
+    devices = npuw_devices(core, config)
+    return Decided(
+        config,
+        is_paged,
+        static_models(config),
+        devices,
+        npuw_f16_between_subgraphs(config, wide_activations),
+        compute_precision(core, config),
+        paged_kv_precision(config) if is_paged else kv_precision(core, config, wide_activations),
+        v_transposed(config, devices),
+        window_rings(config),
+        prefill_ladder(config),
+        generate_ladder(config),
+    )
