@@ -26,6 +26,7 @@ from .api.chat_history import fit_history
 from .api.chat_prefix import system_prompt_tokens
 from .api.encoding import PromptEncoder, check_text
 from .api.generation_config import GenerationConfig
+from .api.generation_result import GenerationResult
 from .api.inputs import Prompt, check_request, read_inputs
 from .api.perf_metrics import CallTimer
 from .api.pipeline_args import model_directory, pipeline_args, scheduler_settings
@@ -37,7 +38,6 @@ from .generation import speculative
 from .generation.beam_search import beam_search
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
-from .generation.result import GenerationResult
 from .model.source import read_ir, trained_context
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
@@ -176,17 +176,8 @@ class LLMPipeline:
     def encode(self, prompt: str, chat: bool = False, template: bool = True) -> np.ndarray:
         """Token ids of ``prompt``: as a user turn through the chat template (with the chat
         history when ``chat``), or as raw text when ``template`` is off or there is none."""
-        return self._encode(prompt, chat, template, None)
-
-    def _encode(
-        self, prompt: str, chat: bool, template: bool, timer: CallTimer | None
-    ) -> np.ndarray:
-        if chat or (template and self.tokenizer.chat_template):
-            earlier = list(self._history or []) if chat else []
-            return self._encoder.messages(
-                [*earlier, {"role": "user", "content": prompt}], timer=timer
-            )
-        return self._encoder.text(prompt, timer)
+        history = list(self._history or []) if chat else None
+        return self._encoder.ids(Prompt(text=prompt), template, history)
 
     # for type checkers; ov.Tensor / TokenizedInputs (EncodedResults) and ChatHistory
     # (DecodedResults) are untyped, so they reach the implementation's signature
@@ -247,7 +238,8 @@ class LLMPipeline:
             results: list[GenerationResult] = []
             for prompt in request.prompts:
                 started = timer.now()
-                ids = self._prompt_ids(prompt, config, chat, timer)
+                history = self._history if chat else None
+                ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
                 timer.inputs += int(ids.size)
                 # a chat's system prompt: its KV cached longest (PagedAttention's priorities)
                 if prompt.ids is None:
@@ -307,18 +299,6 @@ class LLMPipeline:
         return lambda: constraint_for(
             config.structured_output_config, self.tokenizer, self.vocab_size, config.stop_ids()
         )
-
-    def _prompt_ids(
-        self, prompt: Prompt, config: GenerationConfig, chat: bool, timer: CallTimer
-    ) -> np.ndarray:
-        if prompt.ids is not None:
-            return prompt.ids
-        if prompt.messages is not None:
-            return self._encoder.messages(
-                prompt.messages, prompt.tools, prompt.extra_context, timer
-            )
-        assert prompt.text is not None
-        return self._encode(prompt.text, chat, config.apply_chat_template, timer)
 
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:

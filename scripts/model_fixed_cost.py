@@ -24,10 +24,10 @@ import openvino.opset13 as ops
 
 from npuw_kv.config.decide import decide
 from npuw_kv.config.pipeline_config import PipelineConfig
-from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.source import read_ir, resolve_model, wide_activations
 from npuw_kv.model.split import split_model
 from npuw_kv.model.variants import prepare, static_ladder
+from npuw_kv.runtime.compile import shapes_for
 from npuw_kv.runtime.device import device_properties
 from npuw_kv.tools.bench_worker import status_mb
 
@@ -74,7 +74,7 @@ def npuw_ladder(args: argparse.Namespace) -> None:
     )
     model_dir = resolve_model(args.model)
     wide = wide_activations(model_dir)
-    shapes = StaticShapes.of(config, config.max_prompt_len + config.min_response_len)
+    shapes = shapes_for(config, config.max_prompt_len + config.min_response_len)
     decided = decide(core, config, wide)
     assert decided.kv_precision is not None
     model, layout = prepare(read_ir(core, model_dir), decided.kv_precision, shapes=shapes)
@@ -84,7 +84,9 @@ def npuw_ladder(args: argparse.Namespace) -> None:
     models = [("prefill", p, m) for p, m in ladder.prefill[: args.models]]
     models += [("generate", p, m) for p, m in ladder.generate[: args.models]]
     held = []
-    print(f"{device} {props.get('NPUW_DEVICES', '')}, KV {decided.kv_precision}; MB of resident set:")
+    print(
+        f"{device} {props.get('NPUW_DEVICES', '')}, KV {decided.kv_precision}; MB of resident set:"
+    )
     for phase, past, m in models:
         inputs = [zeros(port) for port in m.inputs]  # ours, before the model's are counted
         kept, compile_mb, request_mb, call_mb = compile_and_call(core, m, device, props, inputs)

@@ -24,10 +24,10 @@ import openvino as ov
 
 from npuw_kv.config.decide import decide
 from npuw_kv.config.pipeline_config import PipelineConfig
-from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.source import read_ir, resolve_model, wide_activations
 from npuw_kv.model.split import split_model
 from npuw_kv.model.variants import prepare, static_ladder
+from npuw_kv.runtime.compile import shapes_for
 from npuw_kv.runtime.device import device_properties
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     config = PipelineConfig.from_kwargs(
         "NPU", max_prompt_len=args.max_prompt_len, min_response_len=args.min_response_len
     )
-    shapes = StaticShapes.of(config, config.total_len)
+    shapes = shapes_for(config, config.total_len)
     model_dir = resolve_model(args.model)
     wide = wide_activations(model_dir)  # as the pipeline: Gemma keeps f32 between sub-graphs
     decided = decide(core, config, wide)

@@ -26,6 +26,7 @@ from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.source import resolve_model
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
+from npuw_kv.runtime.compile import shapes_for
 from npuw_kv.runtime.static.binding import BoundPort, KVBinding
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -145,7 +146,7 @@ def tiny_dirs(tmp_path_factory):
 
 def _one_block(decided, capacity: int) -> StaticShapes:
     """The static shapes with the KV buffer as one block."""
-    return StaticShapes.of(decided.config, capacity)
+    return shapes_for(decided.config, capacity)
 
 
 @pytest.fixture(scope="module")

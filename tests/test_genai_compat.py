@@ -21,10 +21,10 @@ import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
 
 from npuw_kv import LLMPipeline
+from npuw_kv.api.generation_result import GenerationResult
 from npuw_kv.api.perf_metrics import PerfMetrics
 from npuw_kv.api.results import DecodedResults, EncodedResults, TextResult
 from npuw_kv.config.settings import EXACT_F32
-from npuw_kv.generation.result import GenerationResult
 
 QUESTION = "What is the capital of France?"
 NEW = 6

@@ -15,6 +15,7 @@ from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.runtime.compile import shapes_for
 
 C = 16
 # NPUW's default partitioning cannot run these tiny graphs (see test_tiny_model.py)
@@ -98,11 +99,11 @@ def test_auto_ladders_hold_two_models_more_than_one_per_phase():
         (512, (0, 256), (639,)),
     ):
         config = PipelineConfig.from_kwargs("NPU", max_prompt_len=max_len, prefill_chunk_size=256)
-        shapes = StaticShapes.of(config, max_len + 128)
+        shapes = shapes_for(config, max_len + 128)
         assert (shapes.prefill_pasts, shapes.generate_pasts) == (prefill, generate), max_len
     # a generate ladder asked for in full leaves the prefill's lean rung as it is
     config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, generate_pyramid="YES")
-    assert StaticShapes.of(config, 4224).prefill_pasts == (1792, 3840)
+    assert shapes_for(config, 4224).prefill_pasts == (1792, 3840)
 
 
 def test_lean_rungs_minimise_the_slots_a_full_prompt_reads():
@@ -133,7 +134,7 @@ def test_accuracy_modes_shape_the_ladders_they_name():
 
     def ladders(mode: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, **MODES[mode])
-        shapes = StaticShapes.of(config, 4224)
+        shapes = shapes_for(config, 4224)
         return shapes.prefill_pasts, shapes.generate_pasts
 
     assert ladders("pyramid") == ((0, 256, 512, 1024, 2048, 3072, 3840), (1151, 2175, 4223))
@@ -148,7 +149,7 @@ def test_kv_block_edges_are_where_the_model_pasts_end():
 
     def shapes(**settings: str) -> StaticShapes:
         config = PipelineConfig.from_kwargs("NPU", max_prompt_len=4096, **settings)
-        return replace(StaticShapes.of(config, 4224), dense_blocks=True)
+        return replace(shapes_for(config, 4224), dense_blocks=True)
 
     lean = shapes()
     assert (lean.prefill_pasts, lean.generate_pasts) == ((1792, 3840), (1280, 4223))
@@ -175,7 +176,7 @@ def test_generate_variants_switch_without_copying(tiny_dir, tiny_reference):
         config = PipelineConfig.from_kwargs(
             "NPU", max_prompt_len=4096, prefill_chunk_size=C, generate_pyramid=setting
         )
-        assert StaticShapes.of(config, 4112).generate_pasts == expected
+        assert shapes_for(config, 4112).generate_pasts == expected
 
     short = _ids(40)
     assert pipe.generate(short, max_new_tokens=8, ignore_eos=True).tokens == tiny_reference(

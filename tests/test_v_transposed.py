@@ -31,7 +31,7 @@ from npuw_kv.model.source import read_ir, resolve_model
 from npuw_kv.model.variants import Ladder, prepare, static_ladder
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
-from npuw_kv.runtime.compile import check_value_layouts
+from npuw_kv.runtime.compile import check_value_layouts, shapes_for
 from npuw_kv.runtime.static.binding import BoundPort, KVBinding
 from npuw_kv.runtime.static.prefix_store import HostPrefixCache
 
@@ -352,7 +352,7 @@ def test_mixed_layouts_relayout_the_prompt_at_the_switch(tiny_gguf, monkeypatch,
     # V not transposed, with its KV buffer in one block as the mixed pipeline's (V transposed
     # keeps one block): the same staging, so the bytes differ by the relayout alone
     with monkeypatch.context() as patch:
-        patch.setattr(build, "static_shapes", lambda d, n: StaticShapes.of(d.config, n))
+        patch.setattr(build, "static_shapes", lambda d, n: shapes_for(d.config, n))
         plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
     rewrite = VL.transpose_value_tensors
 

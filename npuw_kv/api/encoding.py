@@ -1,4 +1,5 @@
-"""Text and chat messages to token ids: openvino-genai's tokenizer and the model's chat template.
+"""Any prompt to token ids, in one call (:meth:`PromptEncoder.ids`): openvino-genai's
+tokenizer and the model's chat template.
 
 Text a tokenizer cannot take is refused with a ``ValueError`` that says why, before
 openvino-genai fails on it less clearly, and the tokenizer's own failures become
@@ -15,6 +16,7 @@ import numpy as np
 import openvino_genai
 
 from ..errors import last_line
+from .inputs import Prompt
 from .perf_metrics import CallTimer
 
 T = TypeVar("T")
@@ -51,10 +53,30 @@ def _span(timer: CallTimer | None, key: str) -> AbstractContextManager[None]:
 
 
 class PromptEncoder:
-    """Token ids of a prompt given as text or as chat messages."""
+    """Token ids of a prompt given as text, as chat messages or as ids."""
 
     def __init__(self, tokenizer: openvino_genai.Tokenizer) -> None:
         self.tokenizer = tokenizer
+
+    def ids(
+        self,
+        prompt: Prompt,
+        template: bool = True,
+        history: list[dict[str, Any]] | None = None,
+        timer: CallTimer | None = None,
+    ) -> np.ndarray:
+        """``prompt``'s token ids: ids as given; a chat's messages through the chat template;
+        text as the next user turn after ``history`` (chat mode: always templated), through
+        the template when ``template`` is on and the model has one, else as raw text."""
+        if prompt.ids is not None:
+            return prompt.ids
+        if prompt.messages is not None:
+            return self.messages(prompt.messages, prompt.tools, prompt.extra_context, timer)
+        assert prompt.text is not None
+        if history is not None or (template and self.tokenizer.chat_template):
+            turn = {"role": "user", "content": prompt.text}
+            return self.messages([*(history or []), turn], timer=timer)
+        return self.text(prompt.text, timer)
 
     def text(self, prompt: str, timer: CallTimer | None = None) -> np.ndarray:
         """``prompt`` as raw text (the tokenizer adds its special tokens, e.g. BOS)."""

@@ -15,8 +15,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..generation.result import GenerationResult
 from ..runtime.runner import Runner
+from .generation_result import GenerationResult
 
 
 @dataclass(frozen=True)

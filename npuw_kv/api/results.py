@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import openvino_genai
 
-from ..generation.result import GenerationResult
+from .generation_result import GenerationResult
 from .perf_metrics import PerfMetrics
 
 FinishReason = openvino_genai.GenerationFinishReason

@@ -18,15 +18,48 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import openvino as ov
 
-    from .pipeline_config import PipelineConfig
+
+class Settings(Protocol):
+    """The settings the decisions read: fields of
+    :class:`~npuw_kv.config.pipeline_config.PipelineConfig`, whose own validation uses these
+    rules (which settings clash depends on what ``auto`` picks) without importing this module's
+    caller back."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def attention_backend(self) -> str: ...
+    @property
+    def static_models(self) -> bool | None: ...
+    @property
+    def kv_binding(self) -> str: ...
+    @property
+    def kv_precision(self) -> str: ...
+    @property
+    def window_kv(self) -> str: ...
+    @property
+    def prefix_cache_tokens(self) -> int: ...
+    @property
+    def prefill_attention(self) -> str: ...
+    @property
+    def generate_pyramid(self) -> bool | None: ...
+    @property
+    def optimize_v_tensors(self) -> bool | None: ...
+    @property
+    def npuw_devices(self) -> str: ...
+    @property
+    def compile_properties(self) -> dict[str, Any]: ...
 
 
-def paged(config: PipelineConfig) -> bool:
+C = TypeVar("C", bound=Settings)
+
+
+def paged(config: Settings) -> bool:
     """Whether attention runs as the CPU plugin's PagedAttention over a paged cache.
 
     ``auto`` picks it on CPU (the least memory: u8 KV blocks and no attention buffers sized by
@@ -44,12 +77,12 @@ def paged(config: PipelineConfig) -> bool:
     )
 
 
-def static_models(config: PipelineConfig) -> bool:
+def static_models(config: Settings) -> bool:
     """Two static models (NPUW's way, and the only one on NPU) or one dynamic model (CPU)."""
     return config.static_models if config.static_models is not None else config.device != "CPU"
 
 
-def window_rings(config: PipelineConfig) -> bool:
+def window_rings(config: Settings) -> bool:
     """Whether the static-shape path keeps sliding-window layers' KV in rings (``window_kv``;
     ``auto``: unless the host prefix store wants every layer's whole past)."""
     return config.window_kv == "ring" or (
@@ -57,7 +90,7 @@ def window_rings(config: PipelineConfig) -> bool:
     )
 
 
-def prefill_ladder(config: PipelineConfig) -> str:
+def prefill_ladder(config: Settings) -> str:
     """The static prefill models: ``"one"`` (the whole past), ``"lean"`` (``auto``: only the
     variants that pay for their memory) or ``"full"`` (an explicit ``pyramid``)."""
     if not static_models(config) or config.prefill_attention == "static":
@@ -65,7 +98,7 @@ def prefill_ladder(config: PipelineConfig) -> str:
     return "lean" if config.prefill_attention == "auto" else "full"
 
 
-def generate_ladder(config: PipelineConfig) -> str:
+def generate_ladder(config: Settings) -> str:
     """The static generate models, as :func:`prefill_ladder` (``generate_pyramid`` None: lean)."""
     if not static_models(config) or config.generate_pyramid is False:
         return "one"
@@ -77,7 +110,7 @@ def on_real_npu(devices: str) -> bool:
     return devices.upper().split(",")[0].strip().split(".")[0] == "NPU"  # NPU, NPU.0, ...
 
 
-def v_transposed(config: PipelineConfig, npuw_devices: str) -> bool:
+def v_transposed(config: Settings, npuw_devices: str) -> bool:
     """Whether the static models store V transposed (``optimize_v_tensors``).
 
     ``auto`` (None): only where NPUW places the models on a real NPU, as NPUW's own default
@@ -97,7 +130,7 @@ def type_name(hint: Any) -> str:
     return (get() if callable(get) else str(hint)).lower()
 
 
-def npuw_f16_between_subgraphs(config: PipelineConfig, wide_activations: bool) -> bool:
+def npuw_f16_between_subgraphs(config: Settings, wide_activations: bool) -> bool:
     """Whether NPUW is left to pass f16 tensors between its sub-graphs (``NPUW_F16IC``, its
     default): not under an f32 precision hint, nor for a model whose activations leave the f16
     range.  An explicit ``NPUW_F16IC`` overrides the property set from this, not the KV
@@ -106,7 +139,7 @@ def npuw_f16_between_subgraphs(config: PipelineConfig, wide_activations: bool) -
     return hint not in ("f32", "float32") and not wide_activations
 
 
-def paged_kv_precision(config: PipelineConfig) -> str | None:
+def paged_kv_precision(config: Settings) -> str | None:
     """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
 
     ``auto`` leaves the plugin's default (u8 blocks on CPU, as openvino-genai runs), except
@@ -118,7 +151,7 @@ def paged_kv_precision(config: PipelineConfig) -> str | None:
     return "f32" if hint is not None and type_name(hint) in ("f32", "fp32", "float32") else None
 
 
-def npuw_devices(core: ov.Core, config: PipelineConfig) -> str:
+def npuw_devices(core: ov.Core, config: Settings) -> str:
     """Where NPUW runs its sub-models (``""`` off NPU): ``npuw_devices``, except that the
     default (CPU) becomes "NPU,CPU" when a real NPU is present (use it, the CPU as fallback)."""
     if config.device != "NPU":
@@ -128,7 +161,7 @@ def npuw_devices(core: ov.Core, config: PipelineConfig) -> str:
     return config.npuw_devices
 
 
-def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
+def compute_precision(core: ov.Core, config: Settings) -> str:
     """What the device computes K/V in: "bf16", "f16" or "f32" (the hint, if it can be met)."""
     if config.device != "CPU":
         return "f32"
@@ -143,7 +176,7 @@ def compute_precision(core: ov.Core, config: PipelineConfig) -> str:
     return precision if precision.upper() in capabilities or precision == "f32" else "f32"
 
 
-def kv_precision(core: ov.Core, config: PipelineConfig, wide_activations: bool = False) -> str:
+def kv_precision(core: ov.Core, config: Settings, wide_activations: bool = False) -> str:
     """What the static-shape path stores KV in; ``auto``: the precision the device computes
     it in.
 
@@ -179,10 +212,10 @@ def kv_precision(core: ov.Core, config: PipelineConfig, wide_activations: bool =
 
 
 @dataclass(frozen=True)
-class Decided:
+class Decided(Generic[C]):
     """A pipeline's settings with every ``auto`` decided: what the builders read."""
 
-    config: PipelineConfig  # as given (validated), ``auto`` included
+    config: C  # as given (validated), ``auto`` included
     paged: bool  # PagedAttention (CPU) or the static-shape path
     static_models: bool  # static models per phase, or one dynamic model (static path)
     npuw_devices: str  # the NPUW_DEVICES the models get ("" off NPU)
@@ -227,7 +260,7 @@ class Decided:
         return out
 
 
-def decide(core: ov.Core, config: PipelineConfig, wide_activations: bool = False) -> Decided:
+def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[C]:
     """Every ``auto`` of ``config`` decided for ``core``'s devices; ``wide_activations``: the
     model's activations leave the f16 range (:func:`~npuw_kv.model.source.wide_activations`)."""
     is_paged = paged(config)

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from ..api.generation_config import GenerationConfig
+from ..api.generation_result import GenerationResult
 from ..api.perf_metrics import TimedRunner
 from ..runtime.paged.beam_tables import BeamCache, beam_runner
 from .logits_process import banned_ngram_ends
-from .result import GenerationResult
 from .stopping import StopStrings
 
 _F32 = np.float32

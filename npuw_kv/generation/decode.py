@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ..api.generation_config import GenerationConfig
+from ..api.generation_result import GenerationResult
 from ..runtime.runner import Runner
 from .logits_process import LogitsConstraint
-from .result import GenerationResult
 from .sampling import Sampler
 from .stopping import StopStrings, TokenOutput
 

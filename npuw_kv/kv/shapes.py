@@ -8,13 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import combinations
-from typing import TYPE_CHECKING
 
-from ..config import decide
 from .slots import plan_rings
-
-if TYPE_CHECKING:
-    from ..config import PipelineConfig
 
 # the generate variants' KV lengths grow in steps of this many tokens (doubling), as NPUW's
 GENERATE_STEP = 1024
@@ -33,26 +28,6 @@ class StaticShapes:
     window_rings: bool = False  # sliding-window layers' KV in rings (model/ring.py)
     # the KV buffer cut into blocks where the models' pasts end (see block_edges)
     dense_blocks: bool = False
-
-    @classmethod
-    def of(
-        cls, config: PipelineConfig, kv_capacity: int, dense_blocks: bool = False
-    ) -> StaticShapes:
-        """The shapes ``config`` asks for (the ladders and rings as :mod:`npuw_kv.config.decide`
-        decides them: ``auto`` ladders are the lean ones, an explicit ``pyramid`` /
-        ``generate_pyramid=YES`` the full ones)."""
-        prefill, generate = decide.prefill_ladder(config), decide.generate_ladder(config)
-        return cls(
-            config.prefill_chunk_size,
-            config.max_prompt_len,
-            kv_capacity,
-            prefill != "one",
-            generate != "one",
-            lean_pyramid=prefill == "lean",
-            lean_generate=generate == "lean",
-            window_rings=decide.window_rings(config),
-            dense_blocks=dense_blocks,
-        )
 
     def rings(self, windows: tuple[int | None, ...]) -> tuple[tuple[int, int], ...]:
         """``(window, slots)`` of the windows whose layers keep their KV in a ring."""

@@ -44,7 +44,7 @@ PAGED_ONLY = ("prefix_cache_host_tokens", "kv_window_shares")  # the block manag
 class Built:
     runner: Runner
     config: PipelineConfig  # as run: as given, or changed by a fallback
-    decided: Decided  # its every ``auto`` decided (config/decide.py)
+    decided: Decided[PipelineConfig]  # its every ``auto`` decided (config/decide.py)
     vocab_size: int
     layout: KVLayout | None  # the static-shape path's KV layout (None on PagedAttention)
 

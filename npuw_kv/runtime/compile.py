@@ -8,6 +8,7 @@ from typing import Any
 
 import openvino as ov
 
+from ..config import decide
 from ..config.decide import Decided
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
@@ -94,7 +95,7 @@ def compile_requests(
     core: ov.Core,
     model: ov.Model,
     layout: KVLayout,
-    decided: Decided,
+    decided: Decided[PipelineConfig],
     shapes: StaticShapes,
 ) -> Requests:
     """The static models of ``shapes`` (or the one dynamic model), compiled."""
@@ -176,14 +177,34 @@ def compile_requests(
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 
 
-def static_shapes(decided: Decided, kv_capacity: int) -> StaticShapes:
+def shapes_for(
+    config: PipelineConfig, kv_capacity: int, dense_blocks: bool = False
+) -> StaticShapes:
+    """The static shapes ``config`` asks for, the ladders and rings as
+    :mod:`npuw_kv.config.decide` decides them (``auto`` ladders are the lean ones, an explicit
+    ``pyramid`` / ``generate_pyramid=YES`` the full ones)."""
+    prefill, generate = decide.prefill_ladder(config), decide.generate_ladder(config)
+    return StaticShapes(
+        config.prefill_chunk_size,
+        config.max_prompt_len,
+        kv_capacity,
+        prefill != "one",
+        generate != "one",
+        lean_pyramid=prefill == "lean",
+        lean_generate=generate == "lean",
+        window_rings=decide.window_rings(config),
+        dense_blocks=dense_blocks,
+    )
+
+
+def static_shapes(decided: Decided[PipelineConfig], kv_capacity: int) -> StaticShapes:
     """The static shapes ``decided`` asks for.  Where V is not stored transposed, the KV buffer
     is cut into blocks where the static models' pasts end (``StaticShapes.block_edges``)."""
-    return StaticShapes.of(decided.config, kv_capacity, decided.dense_blocks)
+    return shapes_for(decided.config, kv_capacity, decided.dense_blocks)
 
 
 def checked_ladder(
-    model: ov.Model, layout: KVLayout, decided: Decided, shapes: StaticShapes
+    model: ov.Model, layout: KVLayout, decided: Decided[PipelineConfig], shapes: StaticShapes
 ) -> Ladder:
     """The static models of ``shapes``, V transposed in both phases or none, after what the
     model could not take was refused (a setting asked for) or left for the plain path with a
@@ -251,7 +272,9 @@ def check_variants(config: PipelineConfig, ladder: Ladder) -> None:
         )
 
 
-def compile_paged(core: ov.Core, model: ov.Model, decided: Decided) -> ov.InferRequest:
+def compile_paged(
+    core: ov.Core, model: ov.Model, decided: Decided[PipelineConfig]
+) -> ov.InferRequest:
     """Compile a PagedAttention model (CPU) with its KV precision and small per-shape caches.
 
     The plugin's paged kernel stores KV as u8 or in the compute precision (f16 too under f32

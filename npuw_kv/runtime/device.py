@@ -11,11 +11,12 @@ import itertools
 from typing import Any
 
 from ..config.decide import Decided
+from ..config.pipeline_config import PipelineConfig
 
 _BANKS = itertools.count()
 
 
-def device_properties(decided: Decided) -> tuple[str, dict[str, Any]]:
+def device_properties(decided: Decided[PipelineConfig]) -> tuple[str, dict[str, Any]]:
     """The plugin name and its properties for the device of ``decided``.
 
     On NPU the two static models share their weights the way NPUW's own LLM pipeline does:
