@@ -108,7 +108,7 @@ _CACHE_ENV = PRIMITIVE_CACHE_ENV[0]  # the name oneDNN reads first
 _TOKENIZER_SEES = f"""
 import os, sys
 import openvino_genai
-from npuw_kv import bench_worker
+from npuw_kv.tools import bench_worker
 
 class Stop(Exception):
     pass

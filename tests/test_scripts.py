@@ -25,6 +25,7 @@ SMOKED = {
     "draw_kv_buffer.py",
     "kv_buffer_scenarios.py",
     "memory_stages.py",
+    "module_map.py",  # tests/test_module_map.py
     "model_fixed_cost.py",
     "soak.py",
     "strided_view_cost.py",

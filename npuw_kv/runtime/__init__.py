@@ -1,1 +1,3 @@
-"""Runtime: compiled requests, the chunk loop and the generate step over the shared KV cache."""
+"""The engines that run a compiled model over the KV cache: the static-shape engine
+(:mod:`.static`) and the PagedAttention engine (:mod:`.paged`), built by :mod:`.build` behind
+the :class:`~npuw_kv.runtime.runner.Runner` contract."""

@@ -85,7 +85,7 @@ def check_window(wm: WindowManager, live: dict[int, int]) -> None:
             _fail(wm, f"{b} refcount != {holders[b.block_id]} live holders")
         if (b.ref_count == 0) != (b.queue_level is not None):
             _fail(wm, f"{b}: a block is free iff its refcount is 0 (both free and owned?)")
-        if wm.group.is_swa and b.ref_count > 1:
+        if not wm.policy.shares_hit_blocks and b.ref_count > 1:
             _fail(wm, f"live SWA block shared by {b.ref_count} sequences: {b}")
         if b.queue_level == EMPTY_LEVEL and b.node is not None:
             _fail(wm, f"cached {b} sits at the worthless (empty) queue level")
@@ -100,7 +100,7 @@ def _kept(wm: WindowManager, b: KVBlock) -> bool:
     j = b.position
     return (
         wm.tree is not None
-        and wm.group.is_swa
+        and wm.policy.keeps_detached_for_store
         and owner is not None
         and j is not None
         and j < owner.first_live
@@ -128,8 +128,8 @@ def _check_tree(wm: WindowManager) -> None:
             _fail(wm, f"{node} holds a partial block")
         block = node.block
         if block is None:
-            if not wm.group.is_swa:
-                _fail(wm, f"hollow node in a full-attention tree: {node}")
+            if wm.policy.cut_on_evict:
+                _fail(wm, f"hollow node in a {wm.policy.name} tree: {node}")
             if not node.children:
                 _fail(wm, f"hollow leaf left in the tree: {node}")
             continue

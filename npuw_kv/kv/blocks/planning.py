@@ -15,6 +15,7 @@ import numpy as np
 
 from .config import BlockManagerConfig, _validate, resolve_shares
 from .errors import BudgetTooSmallError
+from .policy import Policy, policy_for
 from .sequence import blocks_for, min_live_blocks
 
 
@@ -38,6 +39,11 @@ class WindowGroup:
     share: float
     primary_blocks: int
     host_blocks: int
+
+    @property
+    def policy(self) -> Policy:
+        """What this group's attention type decides (full or sliding window)."""
+        return policy_for(self.is_swa)
 
     @property
     def itemsize(self) -> int:
@@ -144,7 +150,8 @@ def plan_windows(cfg: BlockManagerConfig) -> list[WindowGroup]:
                 dtype=dtype,
                 tokens_per_block=tpb,
                 is_swa=is_swa,
-                max_blocks_per_seq=blocks_for(cfg.max_seq_len, tpb) + (1 if is_swa else 0),
+                max_blocks_per_seq=blocks_for(cfg.max_seq_len, tpb)
+                + policy_for(is_swa).extra_blocks_per_seq,
                 min_blocks_per_seq=needed,
                 max_tokens_per_call=chunk,
                 share=share,

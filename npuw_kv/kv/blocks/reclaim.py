@@ -40,7 +40,7 @@ class Reclaimer:
         self.counters = counters
         self._copy = copy
         self._emit_move = emit_move
-        self.is_swa = self.primary.group.is_swa
+        self.invalidates_owner = self.primary.group.policy.reclaim_invalidates_owner
         self.default_priority = default_priority
         self.offload_min_priority = offload_min_priority
 
@@ -113,7 +113,12 @@ class Reclaimer:
         if block.node is not None:
             self.uncache(block)
         owner = self.seqs.get(block.last_owner) if block.last_owner is not None else None
-        if owner is not None and owner.storable and self.is_swa and owner.serial != taker:
+        if (
+            owner is not None
+            and owner.storable
+            and self.invalidates_owner
+            and owner.serial != taker
+        ):
             self._invalidate(owner)
         block.gen += 1
         block.last_owner = None

@@ -52,6 +52,7 @@ class WindowManager:
         copier: SlotCopier | None = None,
     ) -> None:
         self.group = group
+        self.policy = group.policy
         self.window = group.window
         self.tpb = group.tokens_per_block
         stores = copier is None
@@ -66,7 +67,7 @@ class WindowManager:
                 self.blocks.append(block)
                 pool.queue.push(block, EMPTY_LEVEL)
         self.tree = (
-            ReuseTree(self.tpb, cut_on_evict=not group.is_swa, sink=self._on_tree_event)
+            ReuseTree(self.tpb, cut_on_evict=self.policy.cut_on_evict, sink=self._on_tree_event)
             if enable_reuse
             else None
         )
@@ -107,7 +108,7 @@ class WindowManager:
         for node in match.path[fl:k]:
             b = node.block
             assert b is not None
-            if b.pool is PoolKind.HOST or b.ref_count == 0 or self.group.is_swa:
+            if b.pool is PoolKind.HOST or b.ref_count == 0 or not self.policy.shares_hit_blocks:
                 cost += 1
         live = live_after_call(k * self.tpb, n_tokens, self.window, self.tpb, fl)
         return cost + max(0, live - (k - fl))
@@ -145,7 +146,7 @@ class WindowManager:
             if b.queue_level is not None:  # pin so no allocation below can take it
                 self.pools[b.pool].queue.remove(b)
                 plan.append((j, b, "onboard" if b.pool is PoolKind.HOST else "claim"))
-            elif self.group.is_swa:
+            elif not self.policy.shares_hit_blocks:
                 plan.append((j, b, "copy"))
             else:
                 b.ref_count += 1  # shared full-attention block, pinned by its refcount
@@ -173,7 +174,7 @@ class WindowManager:
             b.priority = priorities.for_block(j)
             seq.put(j, b)
             self.counters.reused_blocks += 1
-        if k and not self.group.is_swa:
+        if k and self.policy.stores_while_filling:
             seq.stored_depth, seq.stored_node = k, match.path[k - 1]
         self._grow(seq, tokens, k * self.tpb, len(tokens))
 
@@ -192,22 +193,16 @@ class WindowManager:
         """End a sequence: store its chain (SWA: the slots that still hold their bytes, unless
         another sequence took one), release its blocks."""
         seq = self.seqs[serial]
-        swa = self.group.is_swa
         upto = seq.storable_upto(len(tokens) // self.tpb)
-        if self.tree is not None and upto and swa:
+        if self.tree is not None and upto and not self.policy.stores_while_filling:
             self._store_chain(seq, tokens, self.tree.root, 0, upto)
         elif self.tree is not None and upto:
             self._store_full(seq, tokens, upto)  # again, if an eviction cut our chain since
-        # Full attention: the tail goes first into the LRU queue, so it is evicted first and
-        # a cached chain shrinks from its end (evicting its first block would cut every block
-        # after it from the tree).  SWA: a deep hit needs only the blocks just before it, so
-        # the front is what is least worth keeping.
-        order = range(seq.first_live, len(seq.table))
-        for idx in order if swa else reversed(order):
+        for idx in self.policy.release_order(range(seq.first_live, len(seq.table))):
             block = seq.table[idx]
             assert block is not None
             self._release(seq, block, idx, final=True)
-        if self.tree is not None and swa:
+        if self.tree is not None and self.policy.keeps_detached_for_store:
             self._reclaim.drop_kept(seq)  # kept for storing, now stored or worthless
         del self.seqs[serial]
 
@@ -259,7 +254,7 @@ class WindowManager:
             seq.put(idx, block)
             self.counters.allocated_blocks += 1
         upto = seq.storable_upto(n_to // self.tpb)
-        if self.tree is not None and not self.group.is_swa and upto:
+        if self.tree is not None and self.policy.stores_while_filling and upto:
             self._store_full(seq, tokens, upto)
 
     def _detach_upto(self, seq: SeqBlocks, n_tokens: int) -> None:
@@ -282,7 +277,7 @@ class WindowManager:
         keep = block.node is not None or (
             not final
             and self.tree is not None
-            and self.group.is_swa
+            and self.policy.keeps_detached_for_store
             and idx < seq.storable_upto(idx + 1)
             and seq.holds_bytes(idx)
         )

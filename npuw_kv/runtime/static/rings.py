@@ -1,4 +1,5 @@
-"""Token slots on a sliding-window layer's ring, and the masks that say what a ring holds.
+"""The masks that say what a sliding-window layer's ring holds (which ring slot holds which
+token slot: :func:`npuw_kv.kv.slots.pieces`).
 
 The static runner numbers KV slots per token as if every layer held the whole past
 (:mod:`.plan`).  A layer kept as a ring of ``R`` slots (:mod:`npuw_kv.model.ring`) stores token
