@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 
-from .copy import CopyCounter, relayout
+from .copy import CopyCounter, relayout, safe_copy
 from .memory import ensure_fits
 from .slots import Piece, pieces
 
@@ -224,6 +224,37 @@ class SharedKVCache:
         first, block = self._block(name, start, stop)
         axis = self._axis(name, seq_axis)
         return seq_slice(self._in_axis(name, block, axis), axis, start - first, stop - first)
+
+    def write(
+        self,
+        name: str,
+        start: int,
+        stop: int,
+        new: np.ndarray,
+        seq_axis: int,
+        counter: CopyCounter | None = None,
+    ) -> None:
+        """Copy ``new`` (the rows of token slots ``[start, stop)`` along ``seq_axis``) into
+        their slots, piece by piece (block edges, ring wrap-around)."""
+        for a, b, offset in self.pieces(name, start, stop):
+            rows = seq_slice(new, seq_axis, offset, offset + b - a)
+            safe_copy(self.rows(name, a, b, seq_axis), rows, counter)
+
+    def mirror(
+        self,
+        name: str,
+        start: int,
+        stop: int,
+        copy: np.ndarray,
+        copy_first: int,
+        seq_axis: int,
+        counter: CopyCounter | None = None,
+    ) -> None:
+        """Bring token slots ``[start, stop)`` into ``copy``, a dense copy of this buffer's
+        slots from ``copy_first`` on (a staged input), piece by piece."""
+        for a, b, _ in self.pieces(name, start, stop):
+            into = seq_slice(copy, seq_axis, a - copy_first, b - copy_first)
+            safe_copy(into, self.rows(name, a, b, seq_axis), counter)
 
     def token_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Slots ``[start, stop)`` as ``[heads, tokens, head_dim]``, whatever the layout they

@@ -53,8 +53,8 @@ import numpy as np
 import openvino as ov
 
 from ...config.settings import KV_BINDINGS
-from ...kv.cache import SEQ_AXIS, SharedKVCache, seq_slice
-from ...kv.copy import CopyCounter, safe_copy
+from ...kv.cache import SEQ_AXIS, SharedKVCache
+from ...kv.copy import CopyCounter
 from ...model.transforms import tail_input
 
 # how a port's tensor reaches the request: the cache's own memory, or dense host staging
@@ -236,19 +236,13 @@ class KVBinding:
         end = min(live_end, self.past_len)
         for name, first, past in self._staging_in.values():
             axis, ring = self._axis[name], self._ring.get(name, 0)
-            if ring:
+            if ring:  # the staged ring mirrors the whole ring
                 lo = max(self._ring_synced, live_end - ring)
-                for a, b, _ in self.cache.pieces(name, lo, max(lo, live_end)):
-                    rows = self.cache.rows(name, a, b, axis)
-                    safe_copy(seq_slice(past, axis, a, b), rows, self.counter)
-                continue
-            lo, hi = max(self._synced, first), min(end, first + past.shape[axis])
+                hi = max(lo, live_end)
+            else:
+                lo, hi = max(self._synced, first), min(end, first + past.shape[axis])
             if hi > lo:
-                safe_copy(
-                    seq_slice(past, axis, lo - first, hi - first),
-                    self.cache.rows(name, lo, hi, axis),
-                    self.counter,
-                )
+                self.cache.mirror(name, lo, hi, past, first, axis, self.counter)
         self._synced = max(self._synced, end)
         self._ring_synced = max(self._ring_synced, live_end)
 
@@ -281,9 +275,7 @@ class KVBinding:
             if self.output_paths.get(port.name) != "staged":
                 continue
             new, axis = self._staging_out[port.name], port.seq_axis
-            for a, b, offset in self.cache.pieces(port.name, start, stop):
-                rows = seq_slice(new, axis, offset, offset + b - a)
-                safe_copy(self.cache.rows(port.name, a, b, axis), rows, self.counter)
+            self.cache.write(port.name, start, stop, new, axis, self.counter)
         # rows rewritten below the synced mark (by staging or in place) must be re-synced
         self._synced = min(self._synced, start)
         self._ring_synced = min(self._ring_synced, start)
