@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 import openvino as ov
@@ -33,14 +33,16 @@ from .api.pipeline_args import model_directory, pipeline_args, scheduler_setting
 from .api.results import DecodedResults, EncodedResults, TextResult
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
-from .errors import ModelLoadError, last_line
+from .errors import CapacityError, ModelLoadError, last_line
 from .generation import speculative
+from .generation.batch import BatchTimes, generate_batch
 from .generation.beam_search import beam_search
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
 from .model.source import read_ir, trained_context
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
+from .runtime.paged.batch import BatchEngine
 from .runtime.paged.runner import PagedRunner
 from .runtime.runner import Runner
 
@@ -99,6 +101,11 @@ class LLMPipeline:
         if given.generation_config is not None:
             self.set_generation_config(given.generation_config)
         self._history: list[dict[str, str]] | None = None
+        # the user sized the paged KV room: batches are preempted in it rather than grow it
+        self._kv_room_given = "prefix_cache_tokens" in {
+            PipelineConfig.setting_name(key) for key in settings
+        }
+        self.batch_stats: dict[str, int] = {}  # the last batched call's steps (kv_stats)
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
@@ -236,7 +243,10 @@ class LLMPipeline:
             detokenizer = None if request.kind in ("ids", "encoded") else self.tokenizer
             limit = self.trained_context[0] if self.trained_context else None
             results: list[GenerationResult] = []
-            for prompt in request.prompts:
+            batched = self._batched(request.prompts, config)
+            if batched:
+                results = self._generate_batch(request.prompts, config, chat, timer, detokenizer)
+            for prompt in [] if batched else request.prompts:
                 started = timer.now()
                 history = self._history if chat else None
                 ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
@@ -277,6 +287,64 @@ class LLMPipeline:
                 decoded.parsed = [parsing.get_parsed_message()]
             return decoded
 
+    def _batched(self, prompts: Sequence[Prompt], config: GenerationConfig) -> bool:
+        """Whether this call's sequences run together in batched steps: several of them (a
+        list of prompts, ``num_return_sequences``), on the paged path, without beam search or
+        speculative decoding (each of those runs its own steps)."""
+        return (
+            isinstance(self.runner, PagedRunner)
+            and len(prompts) * config.num_return_sequences > 1
+            and config.num_beams == 1
+            and self._assisted.mode is None
+        )
+
+    def _generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        config: GenerationConfig,
+        chat: bool,
+        timer: CallTimer,
+        detokenizer: Any,
+    ) -> list[GenerationResult]:
+        """The prompts' sequences in one batch engine (:mod:`.generation.batch`); the KV
+        pools grow to hold the sequences that run at once unless their room was set
+        (``prefix_cache_tokens`` / ``num_kv_blocks``), where the engine preempts instead."""
+        runner = cast(PagedRunner, self.runner)
+        history = self._history if chat else None
+        ids = [self._encoder.ids(p, config.apply_chat_template, history, timer) for p in prompts]
+        timer.inputs += sum(int(i.size) for i in ids)
+        for i in ids:
+            if i.size > runner.max_prompt_len:
+                raise CapacityError.prompt(int(i.size), runner.max_prompt_len)
+        sizes = sorted(
+            (min(runner.capacity, i.size + (config.new_token_budget(int(i.size)) or 0)) + 1)
+            for i in ids
+            for _ in range(config.num_return_sequences)
+        )
+        running = sizes[-self.config.max_num_seqs :]  # the longest that may run at once
+        block = runner.cache.block_size
+        if not self._kv_room_given:
+            runner.ensure_room(sum(-(-n // block) * block for n in running))
+        engine = BatchEngine(runner, self.config.max_num_seqs)
+        times = BatchTimes()
+        factory = self._constraint(config)  # structured output: one constraint per sequence
+        nested = generate_batch(
+            engine,
+            self.tokenizer,
+            ids,
+            [config] * len(ids),
+            self.trained_context[0] if self.trained_context else None,
+            (lambda _: factory()) if factory is not None else None,
+            times,
+        )
+        timer.batch_done(times, [r for rs in nested for r in rs], detokenizer)
+        self.batch_stats = {
+            "batch_steps": engine.steps,
+            "batch_peak_sequences": engine.peak_batch,
+            "batch_preemptions": engine.preemptions,
+        }
+        return [r for rs in nested for r in rs]
+
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """``pipe(inputs, ...)`` is ``pipe.generate(inputs, ...)``, as in openvino-genai."""
         return self.generate(inputs, *args, **kwargs)
@@ -303,7 +371,7 @@ class LLMPipeline:
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request."""
-        return {**self.runner.stats(), **self._assisted.stats()}
+        return {**self.runner.stats(), **self._assisted.stats(), **self.batch_stats}
 
     def set_kv_window_shares(self, shares: Any) -> None:
         """PagedAttention: split the prefix-cache room and host tier between the window

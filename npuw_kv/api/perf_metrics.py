@@ -241,6 +241,22 @@ class CallTimer:
             if not beams:
                 self.generated += len(result.tokens)
 
+    def batch_done(self, times: Any, results: Sequence[GenerationResult], tokenizer: Any) -> None:
+        """Account a batched run (:func:`npuw_kv.generation.batch.generate_batch`): each step
+        once, however many sequences it ran; each result's time to first token from its
+        submission (it may have waited for room)."""
+        raw = self.raw
+        raw.token_infer_durations.extend(times.durations)
+        raw.m_new_token_times.extend(times.ends)
+        raw.m_batch_sizes.extend(times.sizes)
+        raw.m_durations.extend(np.diff(times.ends).tolist())
+        for result in results:
+            raw.m_times_to_first_token.append(1e6 * result.ttft_s)
+            if tokenizer is not None:
+                with self.span("detokenization_durations"):
+                    tokenizer.decode(result.tokens)
+            self.generated += len(result.tokens)
+
     def metrics(self) -> PerfMetrics:
         self.raw.generate_durations.append(now_us() - self.start)
         self.raw.inference_durations.append(float(sum(self.raw.token_infer_durations)))

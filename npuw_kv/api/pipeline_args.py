@@ -123,8 +123,9 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     """``settings`` with genai's ``SchedulerConfig`` mapped onto ours, on the paged path only:
     ``enable_prefix_caching`` -> ``prefix_reuse``, ``max_num_batched_tokens`` -> the prefill
     chunk (at most MAX_PROMPT_LEN), ``num_kv_blocks`` -> KV blocks of 32 tokens (the room
-    beyond one sequence's becomes ``prefix_cache_tokens``); ``max_num_seqs`` holds (one
-    sequence runs at a time).  Anything else set is refused, naming the field."""
+    beyond one sequence's becomes ``prefix_cache_tokens``, which then bounds the batch too),
+    ``max_num_seqs`` -> the sequences a batched step runs at most.  Anything else set is
+    refused, naming the field."""
     if not isinstance(scheduler, openvino_genai.SchedulerConfig):
         raise ValueError(
             f"scheduler_config must be an openvino_genai.SchedulerConfig, got {scheduler!r}"
@@ -143,6 +144,8 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     mapped: dict[str, tuple[str, Any]] = {
         "prefix_reuse": ("enable_prefix_caching", bool(scheduler.enable_prefix_caching))
     }
+    if scheduler.max_num_seqs != default.max_num_seqs:
+        mapped["max_num_seqs"] = ("max_num_seqs", int(scheduler.max_num_seqs))
     batched = scheduler.max_num_batched_tokens
     if batched != default.max_num_batched_tokens:
         chunk = min(batched, base.requested_max_prompt_len)

@@ -70,6 +70,9 @@ class PipelineConfig:
     # static-shape path: a sliding-window layer's KV in a ring of window + one chunk of slots
     # ("auto": unless the host prefix store needs every layer's whole past) or "full" length
     window_kv: str = "auto"
+    # paged path: sequences run together in one batched step at most (several prompts, or
+    # num_return_sequences); the others wait for room
+    max_num_seqs: int = 16
     gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
     # max_prompt_len as given, before rounding up to a multiple of the chunk (for messages)

@@ -54,6 +54,7 @@ ALIASES: dict[str, str] = {
     "OPTIMIZE_V_TENSORS": "optimize_v_tensors",
     "NPUW_LLM_OPTIMIZE_V_TENSORS": "optimize_v_tensors",
     "WINDOW_KV": "window_kv",
+    "MAX_NUM_SEQS": "max_num_seqs",
 }
 # OpenVINO properties passed through to compile_model unchanged (the plugin validates values).
 PASSTHROUGH = (
@@ -77,6 +78,7 @@ _INTS = (
     "num_threads",
     "prefix_cache_tokens",
     "prefix_cache_host_tokens",
+    "max_num_seqs",
 )
 # None means auto for these
 _AUTO_BOOLS = ("static_models", "generate_pyramid", "shared_head", "optimize_v_tensors")
@@ -97,6 +99,7 @@ MINIMUMS = {
     "prefix_cache_tokens": 0,
     "prefix_cache_host_tokens": 0,
     "num_threads": 0,
+    "max_num_seqs": 1,
 }
 CHOICES = {
     "kv_precision": KV_PRECISIONS,

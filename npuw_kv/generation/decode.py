@@ -8,8 +8,8 @@ token ids and shapes the result; the runner owns the KV cache.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, cast
 
 import numpy as np
 
@@ -25,23 +25,25 @@ from .stopping import StopStrings, TokenOutput
 Streamer = Any
 
 
-def generate_tokens(
-    runner: Runner,
+def decode_loop(
     tokenizer: Any,
     ids: np.ndarray,
     config: GenerationConfig,
     streamer: Streamer,
+    remaining: Callable[[], int],
     position_limit: int | None = None,
     constraint: LogitsConstraint | None = None,
     rng: np.random.Generator | None = None,
-) -> GenerationResult:
-    """Run ``ids`` through ``runner`` and generate one sequence, whatever
-    ``num_return_sequences`` says (:func:`generate_sequences` runs that many).
+) -> Generator[int | None, np.ndarray, GenerationResult]:
+    """One sequence's token loop, driven from outside: it yields None for the prompt's logits,
+    then each chosen token whose next logits it needs, and returns the sequence's result.
 
+    A lone runner drives it through :func:`generate_tokens`; the batch engine drives many at
+    once (:mod:`.batch`).  ``remaining()``: how many more tokens the sequence's KV room takes.
     ``position_limit``: the model's trained context; generation stops (``"length"``) when the
     prompt and the answer fill it, as it does when the KV cache is full.  ``constraint``
     restricts each next token (structured output) and ends generation when it is done.
-    ``rng``: shared by :func:`generate_sequences` across its samples.
+    ``rng``: shared across the samples of one prompt.
     """
     if config.structured_output_config is not None and constraint is None:
         raise ValueError(
@@ -55,7 +57,7 @@ def generate_tokens(
     out = TokenOutput(tokenizer, streamer, stops, echo=prompt)
     stop_ids = set() if config.ignore_eos else config.stop_ids()
     start = time.perf_counter()
-    logits = first_logits = runner.prefill(ids)
+    logits = first_logits = yield None
     tokens: list[int] = []
     logprobs: list[float] = []
     top: list[list[tuple[int, float]]] = []
@@ -88,10 +90,10 @@ def generate_tokens(
         if budget is not None and len(tokens) >= budget:
             break
         at_limit = position_limit is not None and ids.size + len(tokens) >= position_limit
-        if runner.remaining_capacity <= 0 or at_limit:
+        if remaining() <= 0 or at_limit:
             finish = "length"
             break
-        logits = runner.step(token)
+        logits = yield token
     text, kept = stops.cut(tokens)
     if prompt:  # genai decodes prompt and answer as one sequence
         answer = tokenizer.decode(tokens[:kept]) if kept else ""
@@ -111,6 +113,39 @@ def generate_tokens(
         top[:kept] if config.logprobs else [],
         score,
     )
+
+
+def generate_tokens(
+    runner: Runner,
+    tokenizer: Any,
+    ids: np.ndarray,
+    config: GenerationConfig,
+    streamer: Streamer,
+    position_limit: int | None = None,
+    constraint: LogitsConstraint | None = None,
+    rng: np.random.Generator | None = None,
+) -> GenerationResult:
+    """Run ``ids`` through ``runner`` and generate one sequence (:func:`decode_loop`),
+    whatever ``num_return_sequences`` says (:func:`generate_sequences` runs that many)."""
+    loop = decode_loop(
+        tokenizer,
+        ids,
+        config,
+        streamer,
+        lambda: runner.remaining_capacity,
+        position_limit,
+        constraint,
+        rng,
+    )
+    next(loop)
+    logits = runner.prefill(ids)
+    try:
+        while True:
+            token = loop.send(logits)
+            assert token is not None
+            logits = runner.step(token)
+    except StopIteration as done:
+        return cast(GenerationResult, done.value)
 
 
 def generate_sequences(

@@ -19,7 +19,8 @@ from ..errors import ModelLayoutError
 from .transforms import lm_head_on_last
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
-# how many of the call's last tokens get logits (1 but for speculative decoding's verify)
+# which of the call's tokens get logits (row indices into the call's tokens, axis 0): the last
+# token of each sequence in the call; every candidate of speculative decoding's verify
 LOGITS_ROWS = "logits_rows"
 # inputs of PagedAttentionExtension (OpenVINO's order)
 _BLOCK_INDICES, _SLIDING_WINDOW = 7, 10
@@ -131,21 +132,25 @@ def _constant_value(output: ov.Output) -> int | None:
 
 
 def _logits_for_last_token(model: ov.Model) -> None:
-    """The LM head on the last tokens only: in a paged model tokens run along axis 0.
+    """The LM head on the chosen tokens only: in a paged model tokens run along axis 0.
 
-    How many is the ``LOGITS_ROWS`` input ([1], i64): 1 for prefill chunks and generate
-    steps; a speculative verify call asks for every row, to check each candidate token.
+    Which is the ``LOGITS_ROWS`` input ([n], i64, row indices into the call's tokens): the
+    last token of each sequence a call runs (one for a lone prefill chunk or generate step, one
+    per sequence in a batched step); a speculative verify call asks for every row, to check
+    each candidate token.
     """
     logits = [o for o in model.outputs if "logits" in o.get_names()]
     if not logits:
         raise ModelLayoutError("the model has no 'logits' output")
     lm_head_on_last(model, logits[0].get_node(), axis=0)
-    rows = ops.parameter([1], ov.Type.i64, name=LOGITS_ROWS)
+    rows = ops.parameter([-1], ov.Type.i64, name=LOGITS_ROWS)
     rows.output(0).set_names({LOGITS_ROWS})
     head = logits[0].get_node().input(0).get_source_output().get_node()
     while head.get_type_name() == "Convert":
         head = head.input(0).get_source_output().get_node()
     last = head.input(0).get_source_output().get_node()  # lm_head_on_last's Slice
-    last.input(1).replace_source_output(ops.negative(rows).output(0))
+    hidden = last.input(0).get_source_output()
+    chosen = ops.gather(hidden, rows, ops.constant(np.array(0, np.int64)))
+    head.input(0).replace_source_output(chosen.output(0))
     model.add_parameters([rows])
     model.validate_nodes_and_infer_types()

@@ -102,7 +102,7 @@ class BeamCache:
         ]
         n = len(self._beams)
         begins = np.cumsum([0, *(t.size for t in tables)]).astype(np.int32)
-        extra = {LOGITS_ROWS: np.array([n], np.int64)} if runner._rows_input else {}
+        extra = {LOGITS_ROWS: np.arange(n, dtype=np.int64)} if runner._rows_input else {}
         runner.request.infer(
             {
                 "input_ids": np.asarray(tokens, np.int64),

@@ -93,6 +93,7 @@ class PagedPools:
             key: block_table_input(None if key == capacity else key) for key in self.keys
         }
         self.moved_bytes = 0  # block moves: SWA prefix hits, host-tier offloads and restores
+        self._shares, self._shares_source = shares, shares_source
         self.allocate(self.plan_for(shares, shares_source))
 
     @property
@@ -145,7 +146,19 @@ class PagedPools:
         ``source`` with nothing changed.  Returns the shares' canonical text."""
         shares = None if value is None else parse_window_shares(value, source)
         self.allocate(self.plan_for(shares, source))
+        self._shares, self._shares_source = shares, source
         return None if shares is None else format_shares(shares)
+
+    def grow(self, room: int) -> None:
+        """Room for ``room`` tokens beyond one sequence's (several sequences at once), the
+        shares as they were; a new, empty manager.  Nothing changes if allocating fails."""
+        before = self.room
+        self.room = room
+        try:
+            self.allocate(self.plan_for(self._shares, self._shares_source))
+        except BaseException:
+            self.room = before
+            raise
 
     def new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""

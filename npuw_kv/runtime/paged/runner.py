@@ -23,7 +23,7 @@ The cache's memory, one block pool per attention window with its host tier, is
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -164,31 +164,51 @@ class PagedRunner(Runner):
         }
 
     # -- phases ------------------------------------------------------------------------------
-    def _tables(self, blocks: int) -> dict[str, np.ndarray]:
-        """Each window's block table for the first ``blocks`` blocks of the sequence.
+    def table(self, seq: Hashable, window: int, blocks: int) -> np.ndarray:
+        """Window ``window``'s block table of sequence ``seq``, its first ``blocks`` blocks.
 
         A sliding-window layer's blocks before its window are detached (the manager gives
         -1).  The kernel still reads a block for each table entry and masks those outside the
         window, so any block whose bytes are finite will do: they point at the first block
         the sequence still holds, and the pool needs no spare block for them.
         """
-        tables = {}
-        for key, name in self.memory.table_inputs.items():
-            table = np.array(self.blocks.block_table(self._seq, key)[:blocks], np.int32)
-            detached = table < 0
-            if detached.any():
-                held = table[~detached]
-                if held.size == 0:
-                    raise AssertionError(f"window {key}: every block of the sequence detached")
-                table[detached] = held[0]
-            tables[name] = table
-        return tables
+        table = np.array(self.blocks.block_table(seq, window)[:blocks], np.int32)
+        detached = table < 0
+        if detached.any():
+            held = table[~detached]
+            if held.size == 0:
+                raise AssertionError(f"window {window}: every block of the sequence detached")
+            table[detached] = held[0]
+        return table
+
+    def _tables(self, blocks: int) -> dict[str, np.ndarray]:
+        """Each window's block table for the first ``blocks`` blocks of the sequence."""
+        return {
+            name: self.table(self._seq, key, blocks)
+            for key, name in self.memory.table_inputs.items()
+        }
+
+    def release(self) -> None:
+        """End the lone sequence of :meth:`prefill` / :meth:`step`, if one is live: its full
+        blocks stay cached (the batch engine runs its own sequences)."""
+        if self._seq in self.blocks.sequence_ids:
+            self.blocks.remove_sequence(self._seq)
+
+    def ensure_room(self, tokens: int) -> bool:
+        """Pools for at least ``tokens`` tokens of KV in all (several sequences at once),
+        grown when smaller: the cached prefixes are dropped then.  True if they grew."""
+        if self.capacity + self.memory.room >= tokens:
+            return False
+        self.release()
+        self.memory.grow(tokens - self.capacity)
+        self.reused_tokens = 0
+        return True
 
     def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
         blocks = self.cache.blocks_for(total)
         # the model's LM head runs on the last ``rows`` tokens (none: every token)
-        extra = {LOGITS_ROWS: np.array([rows], np.int64)} if self._rows_input else {}
+        extra = {LOGITS_ROWS: np.arange(n - rows, n, dtype=np.int64)} if self._rows_input else {}
         self.request.infer(
             {
                 "input_ids": ids,

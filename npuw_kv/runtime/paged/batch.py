@@ -1,0 +1,247 @@
+"""Many sequences in one PagedAttention call: the paged path's continuous-batching engine.
+
+Every live sequence is a sequence of the runner's block manager, so prefix reuse, eviction and
+the per-window pools serve them all.  Each :meth:`BatchEngine.step` is one ``infer`` whose
+subsequences are the sequences' next tokens: one token for each sequence that is decoding,
+then prefill chunks of the sequences still reading their prompt, as far as the token budget
+(``max_num_batched_tokens``) goes; at most ``max_num_seqs`` sequences hold blocks at a time and
+the others wait.  A prompt's chunks end where a lone run's do (multiples of the chunk), unless
+the budget is smaller than a chunk.
+
+When the pools run out of blocks, the newest sequence is preempted: its blocks go back to the
+manager (its full blocks stay cached) and it waits, keeping its tokens, to be run again from
+the longest cached prefix (recompute, as vLLM does).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import CapacityError
+from ...kv.blocks import OutOfBlocksError
+from ...model.paged_rewrite import LOGITS_ROWS
+from .runner import PagedRunner
+
+
+@dataclass
+class Live:
+    """One sequence of the engine: its tokens (prompt and fed answer; the last one's logits
+    are what it waits for) and how many of them the cache holds."""
+
+    handle: int
+    tokens: list[int]
+    prompt_len: int
+    key: Hashable = None  # its block-manager sequence while admitted
+    computed: int = 0
+    preemptions: int = 0
+
+    @property
+    def admitted(self) -> bool:
+        return self.key is not None
+
+    @property
+    def waiting_for_logits(self) -> bool:
+        return self.computed < len(self.tokens)
+
+
+class BatchEngine:
+    """Sequences submitted, fed and finished between steps over one :class:`PagedRunner`."""
+
+    def __init__(
+        self, runner: PagedRunner, max_num_seqs: int, max_batched_tokens: int | None = None
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.runner = runner
+        self.max_num_seqs = max_num_seqs
+        # decode tokens first, then one whole chunk still fits
+        self.budget = max_batched_tokens or runner.chunk + max_num_seqs
+        if self.budget < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.budget}")
+        self.live: dict[int, Live] = {}
+        self.waiting: deque[Live] = deque()
+        self._handles = itertools.count()
+        self._keys = itertools.count()
+        self.steps = self.preemptions = self.peak_batch = 0
+        runner.release()  # a lone sequence left over from an earlier call: cached, not live
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def submit(self, tokens: list[int]) -> int:
+        """A new sequence: ``tokens`` is its prompt; it waits until there is room."""
+        if not tokens:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if len(tokens) > self.runner.max_prompt_len:
+            raise CapacityError.prompt(len(tokens), self.runner.max_prompt_len)
+        seq = Live(next(self._handles), list(tokens), len(tokens))
+        self.live[seq.handle] = seq
+        self.waiting.append(seq)
+        return seq.handle
+
+    def feed(self, handle: int, token: int) -> None:
+        """The sequence's next token, chosen from the logits its last step gave."""
+        seq = self.live[handle]
+        if seq.waiting_for_logits:
+            raise RuntimeError(f"sequence {handle} was fed before its logits came")
+        if len(seq.tokens) >= self.runner.capacity:
+            raise CapacityError.cache_full(self.runner.capacity)
+        seq.tokens.append(int(token))
+
+    def remaining(self, handle: int) -> int:
+        """Tokens the sequence may still be fed before its KV room is full."""
+        return self.runner.capacity - len(self.live[handle].tokens)
+
+    def finish(self, handle: int) -> None:
+        """The sequence is done: its blocks go back (its full blocks stay cached)."""
+        seq = self.live.pop(handle)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._release(seq)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live)
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> dict[int, np.ndarray]:
+        """Run one batched call; the next-token logits of each sequence that got them."""
+        with self.runner._writing():
+            plan = self._schedule()
+            if not plan:
+                raise RuntimeError("no sequence could run: the KV pools hold none of them")
+            logits = self._infer(plan)
+        self.steps += 1
+        self.peak_batch = max(self.peak_batch, len(plan))
+        out: dict[int, np.ndarray] = {}
+        for (seq, _, end), row in zip(plan, logits, strict=True):
+            seq.computed = end
+            if end == len(seq.tokens):
+                out[seq.handle] = row.copy()
+        return out
+
+    def _schedule(self) -> list[tuple[Live, int, int]]:
+        """The step's subsequences ``(sequence, begin, end)``, their blocks registered."""
+        budget = self.budget
+        plan: list[tuple[Live, int, int]] = []
+        running = [s for s in self.live.values() if s.admitted and s.waiting_for_logits]
+        # decode tokens first (oldest first), then the prompts being read
+        running.sort(key=lambda s: (len(s.tokens) - s.computed > 1, s.handle))
+        for seq in running:
+            if budget <= 0:
+                break
+            if not seq.admitted:  # preempted by an earlier sequence of this step
+                continue
+            end = self._chunk_end(seq, budget)
+            if not self._grow(seq, end, plan):
+                continue
+            plan.append((seq, seq.computed, end))
+            budget -= end - seq.computed
+        while self.waiting and budget > 0 and self._admitted() < self.max_num_seqs:
+            seq = self.waiting[0]
+            start = self._hit(seq)
+            end = self._chunk_end(seq, budget, start)
+            try:
+                key = ("batch", next(self._keys))
+                reused = self.runner.blocks.add_sequence(
+                    key, seq.tokens[:end], reuse=self.runner.prefix_reuse, max_hit_tokens=start
+                )
+            except OutOfBlocksError:
+                if plan or self._admitted():
+                    break  # room comes back as the running sequences finish
+                raise
+            if reused != start:
+                self.runner.blocks.remove_sequence(key)
+                raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
+            self.waiting.popleft()
+            seq.key, seq.computed = key, start
+            plan.append((seq, start, end))
+            budget -= end - start
+        return plan
+
+    def _admitted(self) -> int:
+        return sum(s.admitted for s in self.live.values())
+
+    def _hit(self, seq: Live) -> int:
+        """Tokens of ``seq`` the cache already holds (whole blocks, one token left to run)."""
+        if not self.runner.prefix_reuse:
+            return 0
+        return int(self.runner.blocks.lookup(seq.tokens).hit_tokens)
+
+    def _chunk_end(self, seq: Live, budget: int, start: int | None = None) -> int:
+        """Where the next chunk of ``seq`` ends: the next multiple of the chunk size (as a
+        lone run's chunks), its last token, or the budget, whichever comes first."""
+        begin = seq.computed if start is None else start
+        size = self.runner.chunk
+        aligned = (begin // size + 1) * size
+        return min(len(seq.tokens), aligned, begin + budget)
+
+    def _grow(self, seq: Live, end: int, plan: list[tuple[Live, int, int]]) -> bool:
+        """Register ``seq``'s tokens up to ``end`` with the manager, preempting the newest
+        other sequences while the pools are full.  False: ``seq`` itself was preempted."""
+        new = seq.tokens[seq.computed : end]
+        # a prompt's blocks are stored for reuse; generated ones as a lone run stores them
+        store = end <= seq.prompt_len or self.runner._store_steps
+        while True:
+            try:
+                self.runner.blocks.add_tokens(seq.key, new, store=store)
+                return True
+            except OutOfBlocksError:
+                victim = self._victim(plan)
+                if victim is None:
+                    raise
+                self._preempt(victim)
+                if victim is seq:
+                    return False
+
+    def _victim(self, plan: list[tuple[Live, int, int]]) -> Live | None:
+        """The newest admitted sequence not already in this step's plan."""
+        planned = {id(s) for s, _, _ in plan}
+        admitted = [s for s in self.live.values() if s.admitted and id(s) not in planned]
+        return max(admitted, key=lambda s: s.handle) if admitted else None
+
+    def _preempt(self, seq: Live) -> None:
+        self._release(seq)
+        seq.computed, seq.preemptions = 0, seq.preemptions + 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _release(self, seq: Live) -> None:
+        if seq.admitted and seq.key in self.runner.blocks.sequence_ids:
+            self.runner.blocks.remove_sequence(seq.key)
+        seq.key = None
+
+    def _infer(self, plan: list[tuple[Live, int, int]]) -> np.ndarray:
+        """One call over the plan's subsequences; one logits row per subsequence."""
+        runner = self.runner
+        lengths = [end - begin for _, begin, end in plan]
+        blocks = [runner.cache.blocks_for(end) for _, _, end in plan]
+        tables = {
+            name: np.concatenate(
+                [runner.table(seq.key, key, n) for (seq, _, _), n in zip(plan, blocks, strict=True)]
+            )
+            for key, name in runner.memory.table_inputs.items()
+        }
+        ends = np.cumsum(lengths)
+        inputs = {
+            "input_ids": np.concatenate(
+                [np.asarray(seq.tokens[b:e], np.int64) for seq, b, e in plan]
+            ),
+            "position_ids": np.concatenate([np.arange(b, e, dtype=np.int64) for _, b, e in plan]),
+            "past_lens": np.array([b for _, b, _ in plan], np.int32),
+            "subsequence_begins": np.concatenate([[0], ends]).astype(np.int32),
+            "block_indices_begins": np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32),
+            "max_context_len": np.array(max(e for _, _, e in plan), np.int32),
+            **tables,
+        }
+        if runner._rows_input:
+            inputs[LOGITS_ROWS] = (ends - 1).astype(np.int64)
+        runner.request.infer(inputs)
+        logits = runner.request.get_tensor("logits").data
+        logits = logits.reshape(-1, logits.shape[-1])
+        if not runner._rows_input:  # full logits (perplexity mode): each subsequence's last
+            logits = logits[ends - 1]
+        return logits

@@ -1,0 +1,142 @@
+"""Several sequences in batched steps on the paged path (runtime/paged/batch.py): each gets
+exactly the tokens it gets alone (exact f32), whatever runs beside it, when it arrives or
+leaves, and when the KV pools are too small for all of them at once (preemption)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from conftest import make_pipe
+
+from npuw_kv import LLMPipeline
+from npuw_kv.api.generation_config import GenerationConfig
+from npuw_kv.generation.batch import generate_batch
+from npuw_kv.runtime.paged.batch import BatchEngine
+from npuw_kv.runtime.paged.runner import PagedRunner
+
+PA_F32 = {"attention_backend": "pa", "kv_precision": "f32"}
+
+
+def _prompts(text_ids, lengths: list[int]) -> list[np.ndarray]:
+    """Prompts of the given lengths that differ from their first token on (cut at offsets of
+    the same text, so a cached prefix is no accident)."""
+    text = text_ids(max(lengths) + 40 * len(lengths))
+    return [text[7 * i + 40 * i : 7 * i + 40 * i + n] for i, n in enumerate(lengths)]
+
+
+def _alone(pipe: LLMPipeline, ids: np.ndarray, new: int) -> list[int]:
+    result = pipe.generate([int(t) for t in ids], max_new_tokens=new, ignore_eos=True)
+    return list(result.tokens)
+
+
+def _texts(pipe: LLMPipeline, prompts: list[np.ndarray]) -> list[str]:
+    return [pipe.tokenizer.decode([int(t) for t in p]) for p in prompts]
+
+
+def test_a_list_of_prompts_runs_batched_with_each_prompts_own_tokens(f32_pipe, text_ids):
+    prompts = _texts(f32_pipe, _prompts(text_ids, [31, 300, 5, 270, 64, 129, 511]))
+    kw = {"max_new_tokens": 12, "ignore_eos": True, "apply_chat_template": False}
+    alone = [f32_pipe.generate(p, **kw) for p in prompts]
+    batch = f32_pipe.generate(prompts, **kw)
+    assert batch.texts == [str(r) for r in alone]
+    stats = f32_pipe.kv_stats()
+    assert stats["batch_peak_sequences"] == len(prompts)
+    # one step per token after the prompts' chunks, not one per sequence and token
+    assert stats["batch_steps"] < 2 * 12 + 4
+    assert batch.perf_metrics.get_num_generated_tokens() == 12 * len(prompts)
+
+
+def test_each_prompt_its_own_budget_and_sampled_sequences_batched(f32_pipe, text_ids):
+    runner = f32_pipe.runner
+    assert isinstance(runner, PagedRunner)
+    prompts = _prompts(text_ids, [40, 260, 9])
+    budgets = [3, 17, 9]
+    configs = [GenerationConfig(max_new_tokens=n, ignore_eos=True) for n in budgets]
+    nested = generate_batch(BatchEngine(runner, 8), f32_pipe.tokenizer, prompts, configs)
+    for ids, n, results in zip(prompts, budgets, nested, strict=True):
+        assert [list(r.tokens) for r in results] == [_alone(f32_pipe, ids, n)]
+    # sampled: several sequences of one prompt, reproducible from the seed
+    sampled = dict(do_sample=True, top_k=20, rng_seed=7, num_return_sequences=3)
+    config = GenerationConfig(max_new_tokens=8, ignore_eos=True, **sampled)
+    first = generate_batch(BatchEngine(runner, 8), f32_pipe.tokenizer, prompts[:1], [config])
+    again = generate_batch(BatchEngine(runner, 8), f32_pipe.tokenizer, prompts[:1], [config])
+    tokens = [list(r.tokens) for r in first[0]]
+    assert tokens == [list(r.tokens) for r in again[0]] and len(tokens) == 3
+    assert len({tuple(t) for t in tokens}) > 1  # three samples, not one repeated
+
+
+def test_a_small_kv_room_preempts_and_every_sequence_gets_its_own_tokens(smol_dir, text_ids):
+    # room for one full sequence and 64 tokens more: six prompts of ~300 do not fit at once
+    pipe = make_pipe(smol_dir, "CPU", prefix_cache_tokens=64, **PA_F32)
+    prompts = _prompts(text_ids, [300, 280, 310, 250, 290, 305])
+    texts = _texts(pipe, prompts)
+    kw = {"max_new_tokens": 24, "ignore_eos": True, "apply_chat_template": False}
+    alone = [str(pipe.generate(t, **kw)) for t in texts]
+    batch = pipe.generate(texts, **kw)
+    assert batch.texts == alone
+    stats = pipe.kv_stats()
+    assert stats["batch_preemptions"] > 0 and stats["batch_peak_sequences"] < len(prompts)
+    assert pipe.runner.cache.bytes_allocated == pipe.kv_stats()["kv_bytes_allocated"]
+
+
+def test_max_num_seqs_bounds_the_batch(smol_dir, text_ids):
+    pipe = make_pipe(smol_dir, "CPU", max_num_seqs=2, **PA_F32)
+    texts = _texts(pipe, _prompts(text_ids, [20, 40, 60, 80, 100]))
+    kw = {"max_new_tokens": 6, "ignore_eos": True, "apply_chat_template": False}
+    batch = pipe.generate(texts, **kw)
+    assert pipe.kv_stats()["batch_peak_sequences"] == 2
+    assert batch.texts == [str(pipe.generate(t, **kw)) for t in texts]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_arrivals_lengths_and_cancellations_against_each_alone(f32_pipe, text_ids, seed):
+    """The engine driven as a server would: sequences join between steps, some are cancelled
+    mid-way; the others' greedy tokens equal those they get alone, and the block manager's
+    invariants hold after every step."""
+    rng = random.Random(seed)
+    runner = f32_pipe.runner
+    engine = BatchEngine(runner, max_num_seqs=rng.choice([3, 5]), max_batched_tokens=300)
+    lengths = [rng.randint(1, 400) for _ in range(8)]
+    prompts = _prompts(text_ids, lengths)
+    budgets = [rng.randint(1, 20) for _ in prompts]
+    cancel = {i for i in range(len(prompts)) if rng.random() < 0.25}
+    arrivals = sorted(range(len(prompts)), key=lambda _: rng.random())
+    out: dict[int, list[int]] = {}
+    handles: dict[int, int] = {}
+    pending = list(arrivals)
+    while pending or engine.busy:
+        for _ in range(rng.randint(0, 2)):  # zero to two new requests before each step
+            if pending:
+                i = pending.pop(0)
+                handles[engine.submit([int(t) for t in prompts[i]])] = i
+                out[i] = []
+        if not engine.busy:
+            continue
+        ready = engine.step()
+        runner.blocks.check_invariants()
+        for handle, logits in ready.items():
+            i = handles[handle]
+            out[i].append(int(np.argmax(logits)))
+            if len(out[i]) == budgets[i] or (i in cancel and len(out[i]) == budgets[i] // 2):
+                engine.finish(handle)
+            else:
+                engine.feed(handle, out[i][-1])
+    assert not runner.blocks.sequence_ids  # every sequence's blocks went back
+    for i, ids in enumerate(prompts):
+        want = _alone(f32_pipe, ids, budgets[i])
+        done = out[i]
+        assert done == want[: len(done)], f"prompt {i} ({lengths[i]} tokens)"
+        if i not in cancel:
+            assert len(done) == budgets[i]
+
+
+def test_a_prompt_over_max_prompt_len_fails_alone_before_the_batch(f32_pipe, text_ids):
+    engine = BatchEngine(f32_pipe.runner, 4)
+    with pytest.raises(ValueError, match="MAX_PROMPT_LEN"):
+        engine.submit([1] * (f32_pipe.runner.max_prompt_len + 1))
+    assert not engine.busy
+    handle = engine.submit([int(t) for t in text_ids(10)])
+    assert handle in engine.step()  # the engine is still usable
+    engine.finish(handle)
