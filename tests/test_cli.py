@@ -316,3 +316,16 @@ def test_bench_chunk_reaches_npuw_llm_as_well_as_ours(monkeypatch):
         (kw["NPUW_LLM_PREFILL_ATTENTION_HINT"], kw["NPUW_LLM_GENERATE_PYRAMID"]) for kw in built[2:]
     ]
     assert hints == [("STATIC", "NO"), ("STATIC", "YES")]
+
+
+def test_bench_concurrency_runs_both_pipelines_on_the_same_batch(capsys):
+    argv = ["bench", "--concurrency", "2", "--new-tokens", "4", "--prompt-len", "20"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
+    assert [r[1] for r in rows[:2]] == ["npuw-kv", "genai-cpu"], out
+    assert rows[1][-1] == "True", out  # the same greedy texts
+    assert re.search(r"2  npuw-kv / genai-cpu throughput x\d+\.\d\d", out), out
+    with pytest.raises(SystemExit):
+        main(["bench", "--concurrency", "0"])
+    assert "--concurrency takes counts >= 1" in capsys.readouterr().err

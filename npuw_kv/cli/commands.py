@@ -88,6 +88,20 @@ def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """``--quick`` fixes the prompt and the new tokens: an explicit length beside it is an error."""
     from ..tools.bench import QUICK_NEW_TOKENS, QUICK_PROMPT_LEN
 
+    if args.concurrency is not None:
+        try:
+            levels = [int(n) for n in args.concurrency.split(",") if n.strip()]
+        except ValueError:
+            levels = []
+        if not levels or min(levels) < 1:
+            parser.error(
+                f"--concurrency takes counts >= 1 such as 1,4,16, got {args.concurrency!r}"
+            )
+        if args.runtimes is not None or (args.device or "CPU").upper() != "CPU":
+            parser.error(
+                "--concurrency compares npuw-kv's CPU path with genai-cpu: "
+                "drop --runtimes / --device"
+            )
     if args.quick:  # run_bench fills in the lengths left unset
         lengths = (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens))
         given = [option for option, value in lengths if value is not None]
@@ -205,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtimes",
         default=None,
         help=f"comma list of {', '.join(RUNTIMES)} (default: npuw-kv for --device, and genai-cpu)",
+    )
+    bench.add_argument(
+        "--concurrency",
+        default=None,
+        metavar="N[,N...]",
+        help="N prompts submitted together (e.g. 1,4,16): tokens/s over the batch, TTFT p50/p95 "
+        "and peak RSS of npuw-kv's CPU path beside genai-cpu (prompts of --prompt-len, "
+        "default 190 here)",
     )
     bench.add_argument("--json", default=None, help="also write the results to this file")
     bench.set_defaults(func=cmd_bench, check=functools.partial(_check_bench, bench))

@@ -21,10 +21,12 @@ from typing import Any
 
 from ..cli.args import pipeline_kwargs
 from ..config.pipeline_config import PipelineConfig
+from .bench_batch import measure_batch, run_concurrency
 from .bench_worker import RUNTIMES, genai_properties, measure
 from .snippets import snippet_kernels, snippet_probe
 
 QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
+BATCH_PROMPT_LEN = 190  # --concurrency's prompts (the batching issue's measurements)
 
 
 def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +64,8 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run every runtime, print the table; 1 when any runtime failed (its row says why), else 0."""
+    if getattr(args, "concurrency", None):
+        return _concurrency(args)
     if args.quick or args.prompt_len is None:
         args.prompt_len = QUICK_PROMPT_LEN
     if args.quick or args.new_tokens is None:
@@ -133,6 +137,19 @@ def run_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _concurrency(args: argparse.Namespace) -> int:
+    """``--concurrency``: both pipelines cold (no prefix caching: every timed call repeats the
+    same prompts), each with the settings given (genai: the OpenVINO properties among them)."""
+    args.prompt_len = args.prompt_len or BATCH_PROMPT_LEN
+    args.new_tokens = args.new_tokens or QUICK_NEW_TOKENS
+    ours = {"prefix_reuse": False, **pipeline_kwargs(args)}
+    theirs = genai_properties(ours)
+    if args.exact:
+        theirs["KV_CACHE_PRECISION"] = "f32"
+    theirs["scheduler_config"] = "cold"  # the worker builds SchedulerConfig(prefix caching off)
+    return run_concurrency(args, ours, theirs)
+
+
 def _by_past(result: dict[str, Any]) -> str:
     """The last timed run's chunks as ``past: ms (n)``, e.g. "0: 201 (1), 2048: 362 (4)"."""
     return ", ".join(f"{past}: {ms:.0f} ({n})" for past, ms, n in result["prefill_ms_by_past"])
@@ -179,12 +196,20 @@ def _main() -> int:
     parser.add_argument("--max-prompt-len", type=int, default=None)
     parser.add_argument("--min-response-len", type=int, default=None)
     parser.add_argument("--chunk", type=int, default=None)
+    parser.add_argument("--concurrency", type=int, default=None)
     a = parser.parse_args()
     if a.snippet_kernels:
         snippet_kernels()
         return 0
     if a.snippet_probe:
         print(f"{snippet_probe(*a.snippet_probe):.1f}")
+        return 0
+    if a.concurrency is not None:
+        batch = measure_batch(
+            a.worker, a.model, a.concurrency, a.prompt_len, a.new_tokens, a.repeats,
+            json.loads(a.extra),
+        )  # fmt: skip
+        print(json.dumps(batch))
         return 0
     result = measure(
         a.worker,
