@@ -17,6 +17,7 @@ from .settings import (
     ALIASES,
     CHOICES,
     DEVICES,
+    MAX_NUM_SEQS,
     MINIMUMS,
     NPUW_DEVICE,
     PASSTHROUGH,
@@ -72,7 +73,7 @@ class PipelineConfig:
     window_kv: str = "auto"
     # paged path: sequences run together in one batched step at most (several prompts, or
     # num_return_sequences); the others wait for room
-    max_num_seqs: int = 16
+    max_num_seqs: int = MAX_NUM_SEQS
     gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
     # max_prompt_len as given, before rounding up to a multiple of the chunk (for messages)
@@ -202,6 +203,12 @@ class PipelineConfig:
                 f"{label('prefix_cache_host_tokens')} applies to attention_backend='pa' (the "
                 "block manager's host tier); the static-shape path (NPU, attention_backend="
                 "'sdpa') keeps its prefix store on the host already: use prefix_cache_tokens"
+            )
+        if self.max_num_seqs != MAX_NUM_SEQS:
+            raise ValueError(
+                f"{label('max_num_seqs')} applies to attention_backend='pa', where several "
+                "sequences run in batched steps; the static-shape path (NPU, attention_backend="
+                "'sdpa') runs one sequence at a time: leave it unset"
             )
         if self.kv_window_shares is not None:
             raise ValueError(

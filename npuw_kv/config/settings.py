@@ -20,6 +20,8 @@ PREFILL_ATTENTIONS = ("auto", "static", "pyramid")  # NPUW_LLM_PREFILL_ATTENTION
 GGUF_ZERO_POINTS = ("genai", "exact")
 WINDOW_KVS = ("auto", "ring", "full")  # a sliding-window layer's KV on the static-shape path
 NPUW_DEVICE = re.compile(r"(NPU|CPU|GPU)(\.\d+)?", re.IGNORECASE)  # what NPUW places on
+# the paged path's batched steps: sequences at most, by default
+MAX_NUM_SEQS = 16
 # tokens per block of the static-shape path's host prefix store (runtime/prefix_store.py)
 STORE_BLOCK_TOKENS = 32
 

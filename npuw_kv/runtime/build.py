@@ -21,7 +21,7 @@ import openvino as ov
 
 from ..config.decide import Decided, decide
 from ..config.pipeline_config import PipelineConfig
-from ..config.settings import STORE_BLOCK_TOKENS, label
+from ..config.settings import MAX_NUM_SEQS, STORE_BLOCK_TOKENS, label
 from ..errors import CompileError, last_line
 from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
@@ -74,6 +74,8 @@ def build_runner(
                 raise
             room = config.prefix_cache_tokens
             tiers = [n for n in PAGED_ONLY if getattr(config, n)]
+            if config.max_num_seqs != MAX_NUM_SEQS:  # no batched steps there
+                tiers.append("max_num_seqs")
             warnings.warn(
                 f"PagedAttention did not compile ({exc}); running the static-shape path "
                 "(attention_backend='sdpa')"
@@ -90,6 +92,7 @@ def build_runner(
                 prefix_cache_tokens=room if room >= STORE_BLOCK_TOKENS else 0,
                 prefix_cache_host_tokens=0,
                 kv_window_shares=None,
+                max_num_seqs=MAX_NUM_SEQS,
             )
             decided = decide(core, config, wide)
         else:
