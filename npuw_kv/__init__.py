@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CapacityError",
     "CompileError",
+    "ContinuousBatchingPipeline",
     "DecodedResults",
     "DraftModel",
     "EncodedResults",
@@ -59,6 +60,10 @@ def __getattr__(name: str) -> Any:
         from .generation import draft
 
         return getattr(draft, name)
+    if name in ("ContinuousBatchingPipeline", "GenerationHandle"):
+        from . import continuous
+
+        return getattr(continuous, name)
     if name == "PipelineConfig":
         from .config.pipeline_config import PipelineConfig
 

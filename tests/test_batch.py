@@ -12,6 +12,7 @@ from conftest import make_pipe
 
 from npuw_kv import LLMPipeline
 from npuw_kv.api.generation_config import GenerationConfig
+from npuw_kv.config import EXACT_F32
 from npuw_kv.generation.batch import generate_batch
 from npuw_kv.runtime.paged.batch import BatchEngine
 from npuw_kv.runtime.paged.runner import PagedRunner
@@ -140,3 +141,59 @@ def test_a_prompt_over_max_prompt_len_fails_alone_before_the_batch(f32_pipe, tex
     handle = engine.submit([int(t) for t in text_ids(10)])
     assert handle in engine.step()  # the engine is still usable
     engine.finish(handle)
+
+
+@pytest.fixture(scope="module")
+def cb_pipe(smol_dir):
+    from npuw_kv import ContinuousBatchingPipeline
+
+    return ContinuousBatchingPipeline(smol_dir, None, "CPU", {**EXACT_F32, **PA_F32})
+
+
+def test_requests_join_and_leave_between_steps(cb_pipe, f32_pipe, text_ids):
+    """genai's request-level API: requests added between steps join the batch, each handle
+    reads its tokens as they come; stop keeps what came, cancel drops it."""
+    import openvino as ov
+    import openvino_genai
+
+    prompts = _prompts(text_ids, [50, 120, 30])
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = 10, True
+    first = cb_pipe.add_request(0, ov.Tensor(prompts[0][None]), config)
+    cb_pipe.step()
+    cb_pipe.step()
+    assert first.can_read()
+    got = first.read()[0].generated_ids
+    second = cb_pipe.add_request(1, ov.Tensor(prompts[1][None]), config)
+    third = cb_pipe.add_request(2, ov.Tensor(prompts[2][None]), config)
+    cb_pipe.step()
+    third.cancel()
+    assert third.get_status() == openvino_genai.GenerationStatus.CANCEL
+    assert third.read_all()[0].generated_ids == []
+    while cb_pipe.has_non_finished_requests():
+        cb_pipe.step()
+    assert first.get_status() == second.get_status() == openvino_genai.GenerationStatus.FINISHED
+    got += first.read()[0].generated_ids
+    assert got == first.read_all()[0].generated_ids == _alone(f32_pipe, prompts[0], 10)
+    assert second.read_all()[0].generated_ids == _alone(f32_pipe, prompts[1], 10)
+    assert not cb_pipe.runner.blocks.sequence_ids
+
+
+def test_generate_takes_one_config_per_prompt(cb_pipe, f32_pipe, text_ids):
+    import openvino_genai
+
+    texts = _texts(f32_pipe, _prompts(text_ids, [40, 90]))
+    configs = []
+    for n in (3, 9):
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens, config.ignore_eos, config.apply_chat_template = n, True, False
+        configs.append(config)
+    results = cb_pipe.generate(texts, configs)
+    kw = {"ignore_eos": True, "apply_chat_template": False}
+    want = [
+        str(f32_pipe.generate(t, max_new_tokens=n, **kw))
+        for t, n in zip(texts, (3, 9), strict=True)
+    ]
+    assert [r.m_generation_ids[0] for r in results] == want
+    with pytest.raises(ValueError, match="one per prompt"):
+        cb_pipe.generate(texts, configs[:1] * 3)

@@ -1,0 +1,280 @@
+"""``ContinuousBatchingPipeline``: openvino-genai's request-level API over npuw-kv's batch engine.
+
+Requests are added at any time (:meth:`ContinuousBatchingPipeline.add_request`) and each
+:meth:`~ContinuousBatchingPipeline.step` runs one batched model call over every live sequence
+(:class:`~npuw_kv.runtime.paged.batch.BatchEngine`): new requests join between steps, finished
+ones leave.  A request's :class:`GenerationHandle` reads its tokens as they come.  It runs on
+the CPU path (PagedAttention) only; beam search and speculative decoding are refused by name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+
+from .api.generation_config import GenerationConfig
+from .api.generation_result import GenerationResult
+from .api.inputs import Prompt
+from .generation.decode import decode_loop
+from .pipeline import LLMPipeline
+from .runtime.paged.batch import BatchEngine
+from .runtime.paged.runner import PagedRunner
+
+Status = openvino_genai.GenerationStatus
+
+
+@dataclass
+class GenerationOutput:
+    """One sequence's tokens so far, shaped like genai's ``GenerationOutput``."""
+
+    generated_ids: list[int] = field(default_factory=list)
+    generated_log_probs: list[float] = field(default_factory=list)
+    score: float = 0.0
+    finish_reason: Any = openvino_genai.GenerationFinishReason.NONE
+
+
+@dataclass
+class _Sequence:
+    engine_handle: int
+    loop: Any
+    output: GenerationOutput = field(default_factory=GenerationOutput)
+    result: GenerationResult | None = None
+    read_upto: int = 0
+
+
+class GenerationHandle:
+    """What :meth:`ContinuousBatchingPipeline.add_request` returns: the request's sequences
+    (``num_return_sequences`` of them), read as they grow."""
+
+    def __init__(self, request_id: int, pipe: ContinuousBatchingPipeline) -> None:
+        self.request_id = request_id
+        self._pipe = pipe
+        self._seqs: list[_Sequence] = []
+        self._status = Status.RUNNING
+
+    def get_status(self) -> Any:
+        return self._status
+
+    def can_read(self) -> bool:
+        """True when some sequence has tokens not read yet."""
+        return any(len(s.output.generated_ids) > s.read_upto for s in self._seqs)
+
+    def read(self) -> dict[int, GenerationOutput]:
+        """Each sequence's tokens since the last read, by sequence index."""
+        out = {}
+        for i, seq in enumerate(self._seqs):
+            new = seq.output.generated_ids[seq.read_upto :]
+            if new:
+                logprobs = seq.output.generated_log_probs[seq.read_upto :]
+                out[i] = GenerationOutput(new, logprobs, seq.output.score, seq.output.finish_reason)
+                seq.read_upto = len(seq.output.generated_ids)
+        return out
+
+    def read_all(self) -> list[GenerationOutput]:
+        """Every sequence's whole output (complete once the status is not RUNNING)."""
+        return [s.output for s in self._seqs]
+
+    def stop(self) -> None:
+        """End the request now, keeping what it generated (status STOP)."""
+        self._pipe._end(self, Status.STOP)
+
+    def cancel(self) -> None:
+        """End the request now and drop what it generated (status CANCEL)."""
+        self._pipe._end(self, Status.CANCEL)
+
+
+@dataclass
+class BatchGenerationResult:
+    """One request's answers, shaped like genai's ``GenerationResult``: texts (or token lists
+    for tokenized prompts) and scores."""
+
+    m_request_id: int
+    m_generation_ids: list[Any]
+    m_scores: list[float]
+    m_status: Any
+    results: list[GenerationResult] = field(repr=False, default_factory=list)
+
+    def get_generation_ids(self) -> list[Any]:
+        return self.m_generation_ids
+
+
+class ContinuousBatchingPipeline:
+    """genai's ``ContinuousBatchingPipeline(models_path, scheduler_config, device, properties)``
+    over an :class:`~npuw_kv.pipeline.LLMPipeline` on the CPU path."""
+
+    def __init__(
+        self,
+        models_path: str | os.PathLike[str] | None,
+        scheduler_config: Any = None,
+        device: str = "CPU",
+        properties: dict[str, Any] | None = None,
+        tokenizer_properties: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if tokenizer_properties:
+            raise ValueError(
+                f"tokenizer_properties {sorted(tokenizer_properties)} are not supported: the "
+                "tokenizer is loaded as openvino-genai's LLMPipeline loads it"
+            )
+        settings = {**(properties or {}), **kwargs}
+        if scheduler_config is not None:
+            settings["scheduler_config"] = scheduler_config
+        self.pipeline = LLMPipeline(models_path, device, **settings)
+        runner = self.pipeline.runner
+        if not isinstance(runner, PagedRunner):
+            raise ValueError(
+                "ContinuousBatchingPipeline runs on the paged path (device CPU, "
+                "attention_backend 'pa'); the static-shape path runs one sequence at a time"
+            )
+        self.runner = runner
+        self.engine = BatchEngine(runner, self.pipeline.config.max_num_seqs)
+        self._handles: dict[int, tuple[GenerationHandle, _Sequence]] = {}
+        self._request_ids = itertools.count(1 << 40)  # generate()'s own requests
+
+    # -- genai's accessors -----------------------------------------------------------------------
+    def get_tokenizer(self) -> openvino_genai.Tokenizer:
+        return self.pipeline.get_tokenizer()
+
+    def get_config(self) -> GenerationConfig:
+        return self.pipeline.get_generation_config()
+
+    def has_non_finished_requests(self) -> bool:
+        return self.engine.busy
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, request_id: int, prompt: Any, generation_config: Any) -> GenerationHandle:
+        """Queue a request: ``prompt`` as text (through the chat template when the config's
+        ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
+        pipe = self.pipeline
+        config = pipe._call_config(generation_config, {})
+        if config.num_beams > 1:
+            raise ValueError(
+                "num_beams > 1 is not supported by ContinuousBatchingPipeline yet: beam search "
+                "runs its own steps; use LLMPipeline.generate"
+            )
+        if isinstance(prompt, ov.Tensor):
+            ids = np.asarray(prompt.data, np.int64).reshape(-1)
+        elif isinstance(prompt, str):
+            ids = pipe._encoder.ids(Prompt(text=prompt), config.apply_chat_template)
+        else:
+            raise ValueError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
+        if not self.engine.busy:  # room for this request's size, as many as may run at once
+            tokens = min(self.runner.capacity, ids.size + (config.new_token_budget(ids.size) or 0))
+            if not pipe._kv_room_given:
+                self.runner.ensure_room(tokens * self.engine.max_num_seqs)
+        handle = GenerationHandle(int(request_id), self)
+        rng = np.random.default_rng(config.rng_seed)
+        factory = pipe._constraint(config)
+        limit = pipe.trained_context[0] if pipe.trained_context else None
+        for _ in range(config.num_return_sequences):
+            engine_handle = self.engine.submit([int(t) for t in ids])
+            loop = decode_loop(
+                pipe.tokenizer,
+                ids,
+                config,
+                None,
+                _remaining(self.engine, engine_handle),
+                limit,
+                factory() if factory is not None else None,
+                rng,
+            )
+            next(loop)
+            seq = _Sequence(engine_handle, loop)
+            handle._seqs.append(seq)
+            self._handles[engine_handle] = (handle, seq)
+        return handle
+
+    def step(self) -> None:
+        """One batched model call over every live sequence; their handles grow."""
+        if not self.engine.busy:
+            return
+        with self.pipeline._exclusive():
+            ready = self.engine.step()
+        for engine_handle, logits in ready.items():
+            handle, seq = self._handles[engine_handle]
+            try:
+                token = seq.loop.send(logits)
+            except StopIteration as done:
+                self._finish(handle, seq, done.value)
+                continue
+            seq.output.generated_ids.append(int(token))
+            self.engine.feed(engine_handle, int(token))
+
+    def _finish(self, handle: GenerationHandle, seq: _Sequence, result: GenerationResult) -> None:
+        seq.result = result
+        reasons = openvino_genai.GenerationFinishReason
+        seq.output = GenerationOutput(
+            list(result.tokens),
+            list(result.logprobs),
+            result.score,
+            reasons.STOP if result.finish_reason == "stop" else reasons.LENGTH,
+        )
+        self.engine.finish(seq.engine_handle)
+        del self._handles[seq.engine_handle]
+        if all(s.result is not None for s in handle._seqs):
+            handle._status = Status.FINISHED
+
+    def _end(self, handle: GenerationHandle, status: Any) -> None:
+        """Stop or cancel ``handle``'s request: its sequences leave the engine now."""
+        if handle._status != Status.RUNNING:
+            return
+        for seq in handle._seqs:
+            if seq.engine_handle in self._handles:
+                seq.loop.close()
+                self.engine.finish(seq.engine_handle)
+                del self._handles[seq.engine_handle]
+            if status == Status.CANCEL:
+                seq.output = GenerationOutput()
+        handle._status = status
+
+    def generate(
+        self, prompts: Sequence[Any], generation_config: Any, streamer: Any = None
+    ) -> list[BatchGenerationResult]:
+        """Every prompt with its own config (one config for all is taken too), run together;
+        one result per prompt, in order."""
+        if streamer is not None:
+            raise ValueError("a streamer takes one answer: ContinuousBatchingPipeline.generate "
+                             "runs many; read GenerationHandle.read() instead")  # fmt: skip
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        configs = (
+            list(generation_config)
+            if isinstance(generation_config, (list, tuple))
+            else [generation_config] * len(prompts)
+        )
+        if len(configs) != len(prompts):
+            raise ValueError(
+                f"{len(prompts)} prompts but {len(configs)} generation configs: give one per "
+                "prompt, or one for all"
+            )
+        handles = [
+            self.add_request(next(self._request_ids), p, c)
+            for p, c in zip(prompts, configs, strict=True)
+        ]
+        while any(h.get_status() == Status.RUNNING for h in handles):
+            self.step()
+        out = []
+        for handle, prompt in zip(handles, prompts, strict=True):
+            results = [s.result for s in handle._seqs if s.result is not None]
+            ids: list[Any] = (
+                [list(r.tokens) for r in results]
+                if isinstance(prompt, ov.Tensor)
+                else [r.text for r in results]
+            )
+            out.append(
+                BatchGenerationResult(
+                    handle.request_id, ids, [r.score for r in results], handle._status, results
+                )
+            )
+        return out
+
+
+def _remaining(engine: BatchEngine, handle: int) -> Any:
+    return lambda: engine.remaining(handle)
