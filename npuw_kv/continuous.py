@@ -165,10 +165,11 @@ class ContinuousBatchingPipeline:
             ids = pipe._encoder.ids(Prompt(text=prompt), config.apply_chat_template)
         else:
             raise ValueError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
-        if not self.engine.busy:  # room for this request's size, as many as may run at once
-            tokens = min(self.runner.capacity, ids.size + (config.new_token_budget(ids.size) or 0))
-            if not pipe._kv_room_given:
-                self.runner.ensure_room(tokens * self.engine.max_num_seqs)
+        if not self.engine.busy and not pipe._kv_room_given:
+            # room for as many requests of this one's size as may run at once
+            tokens = ids.size + (config.new_token_budget(ids.size) or self.runner.capacity)
+            self.runner.release()
+            self.runner.fit_batch(self.engine.max_num_seqs, tokens)
         handle = GenerationHandle(int(request_id), self)
         rng = np.random.default_rng(config.rng_seed)
         factory = pipe._constraint(config)

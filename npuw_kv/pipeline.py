@@ -316,15 +316,13 @@ class LLMPipeline:
         for i in ids:
             if i.size > runner.max_prompt_len:
                 raise CapacityError.prompt(int(i.size), runner.max_prompt_len)
-        sizes = sorted(
-            (min(runner.capacity, i.size + (config.new_token_budget(int(i.size)) or 0)) + 1)
-            for i in ids
-            for _ in range(config.num_return_sequences)
+        longest = max(
+            i.size + (config.new_token_budget(int(i.size)) or runner.capacity) for i in ids
         )
-        running = sizes[-self.config.max_num_seqs :]  # the longest that may run at once
-        block = runner.cache.block_size
+        at_once = min(self.config.max_num_seqs, len(ids) * config.num_return_sequences)
         if not self._kv_room_given:
-            runner.ensure_room(sum(-(-n // block) * block for n in running))
+            runner.release()  # the lone sequence of an earlier call: its blocks stay cached
+            runner.fit_batch(at_once, longest)
         engine = BatchEngine(runner, self.config.max_num_seqs)
         times = BatchTimes()
         factory = self._constraint(config)  # structured output: one constraint per sequence

@@ -212,3 +212,22 @@ def test_missing_converter_says_what_to_install(monkeypatch, tmp_path: Path) -> 
     with pytest.raises(ModelSourceError, match=r"optimum-intel==2\.2\.0"):
         resolve_model("gemma3", cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_batch_of_prompts_past_the_window_gets_each_prompts_own_tokens(
+    gemma_dir: Path, gemma_tokenizer
+) -> None:
+    """Sliding-window layers in batched steps: each sequence detaches its own blocks behind
+    its window, and its tokens are those it gets alone (exact f32); the window pool grows by
+    what each sequence keeps live, not by its whole length."""
+    pipe = LLMPipeline(gemma_dir, "CPU", max_prompt_len=1024, **EXACT_F32)
+    ids = prompt_ids(gemma_tokenizer, 3000)
+    texts = [gemma_tokenizer.decode([int(t) for t in ids[i * 900 : i * 900 + n]])
+             for i, n in enumerate((700, 900, 600))]  # fmt: skip
+    kw = {"max_new_tokens": 5, "ignore_eos": True, "apply_chat_template": False}
+    batch = pipe.generate(texts, **kw)
+    stats = pipe.kv_stats()
+    pools = stats["kv_pool_blocks"]
+    # per sequence: the window and a chunk in blocks (25), not its whole past (29 or more)
+    assert pools["512"] == 3 * 25 and pools["full"] >= 3 * 29
+    assert batch.texts == [str(pipe.generate(t, **kw)) for t in texts]

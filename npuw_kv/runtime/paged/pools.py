@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import openvino as ov
@@ -28,6 +29,7 @@ from ...kv.blocks import (
     uniform_layers,
     window_label,
 )
+from ...kv.blocks.sequence import blocks_for, min_live_blocks
 from ...kv.paged_cache import (
     HostTier,
     PagedKVCache,
@@ -149,16 +151,33 @@ class PagedPools:
         self._shares, self._shares_source = shares, source
         return None if shares is None else format_shares(shares)
 
-    def grow(self, room: int) -> None:
-        """Room for ``room`` tokens beyond one sequence's (several sequences at once), the
-        shares as they were; a new, empty manager.  Nothing changes if allocating fails."""
+    def fit_batch(self, sequences: int, tokens: int) -> bool:
+        """Pools that hold ``sequences`` sequences of ``tokens`` tokens at once, grown where
+        smaller: a full-attention pool by their tokens, a sliding-window pool by what each
+        sequence keeps live (its window and a chunk), so more sequences fit than with every
+        layer whole.  The cached prefixes are dropped when the pools grow; nothing changes if
+        allocating fails.  True if they grew."""
+        tokens = min(tokens, self.capacity)
+        need = {
+            key: sequences
+            * (
+                blocks_for(tokens, self.block_size)
+                if key == self.capacity
+                else min_live_blocks(tokens, key, self.block_size, self.chunk)
+            )
+            for key in self.plan.primary
+        }
+        if all(self.plan.primary[k] >= n for k, n in need.items()):
+            return False
+        primary = {k: max(self.plan.primary[k], need[k]) for k in need}
         before = self.room
-        self.room = room
+        self.room = max(self.room, primary[self.capacity] * self.block_size - self.capacity)
         try:
-            self.allocate(self.plan_for(self._shares, self._shares_source))
+            self.allocate(replace(self.plan, primary=primary))
         except BaseException:
             self.room = before
             raise
+        return True
 
     def new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""

@@ -194,15 +194,13 @@ class PagedRunner(Runner):
         if self._seq in self.blocks.sequence_ids:
             self.blocks.remove_sequence(self._seq)
 
-    def ensure_room(self, tokens: int) -> bool:
-        """Pools for at least ``tokens`` tokens of KV in all (several sequences at once),
-        grown when smaller: the cached prefixes are dropped then.  True if they grew."""
-        if self.capacity + self.memory.room >= tokens:
-            return False
-        self.release()
-        self.memory.grow(tokens - self.capacity)
-        self.reused_tokens = 0
-        return True
+    def fit_batch(self, sequences: int, tokens: int) -> bool:
+        """Pools that hold ``sequences`` sequences of up to ``tokens`` tokens at once
+        (:meth:`PagedPools.fit_batch`); the cached prefixes are dropped if they grow."""
+        if self.memory.fit_batch(sequences, tokens):
+            self.reused_tokens = 0
+            return True
+        return False
 
     def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
         n, total = int(ids.size), past + int(ids.size)
