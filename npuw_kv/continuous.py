@@ -22,7 +22,7 @@ import openvino_genai
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import Prompt
-from .generation.decode import decode_loop
+from .generation.decode import decode_loop, sample_rng
 from .pipeline import LLMPipeline
 from .runtime.paged.batch import BatchEngine
 from .runtime.paged.runner import PagedRunner
@@ -171,10 +171,9 @@ class ContinuousBatchingPipeline:
             self.runner.release()
             self.runner.fit_batch(self.engine.max_num_seqs, tokens)
         handle = GenerationHandle(int(request_id), self)
-        rng = np.random.default_rng(config.rng_seed)
         factory = pipe._constraint(config)
         limit = pipe.trained_context[0] if pipe.trained_context else None
-        for _ in range(config.num_return_sequences):
+        for sample in range(config.num_return_sequences):
             engine_handle = self.engine.submit([int(t) for t in ids])
             loop = decode_loop(
                 pipe.tokenizer,
@@ -184,7 +183,7 @@ class ContinuousBatchingPipeline:
                 _remaining(self.engine, engine_handle),
                 limit,
                 factory() if factory is not None else None,
-                rng,
+                sample_rng(config.rng_seed, sample),
             )
             next(loop)
             seq = _Sequence(engine_handle, loop)

@@ -103,7 +103,7 @@ class LLMPipeline:
         self._history: list[dict[str, str]] | None = None
         # the user sized the paged KV room: batches are preempted in it rather than grow it
         self._kv_room_given = "prefix_cache_tokens" in {
-            PipelineConfig.setting_name(key) for key in settings
+            PipelineConfig.setting_name(key) for key in settings if key != "compile_properties"
         }
         self.batch_stats: dict[str, int] = {}  # the last batched call's steps (kv_stats)
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which

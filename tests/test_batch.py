@@ -14,6 +14,7 @@ from npuw_kv import LLMPipeline
 from npuw_kv.api.generation_config import GenerationConfig
 from npuw_kv.config import EXACT_F32
 from npuw_kv.generation.batch import generate_batch
+from npuw_kv.generation.decode import generate_sequences
 from npuw_kv.runtime.paged.batch import BatchEngine
 from npuw_kv.runtime.paged.runner import PagedRunner
 
@@ -66,6 +67,9 @@ def test_each_prompt_its_own_budget_and_sampled_sequences_batched(f32_pipe, text
     tokens = [list(r.tokens) for r in first[0]]
     assert tokens == [list(r.tokens) for r in again[0]] and len(tokens) == 3
     assert len({tuple(t) for t in tokens}) > 1  # three samples, not one repeated
+    # each sample its own generator: one after another on the lone runner, the same samples
+    serial = generate_sequences(runner, f32_pipe.tokenizer, prompts[0], config)
+    assert [list(r.tokens) for r in serial] == tokens
 
 
 def test_a_small_kv_room_preempts_and_every_sequence_gets_its_own_tokens(smol_dir, text_ids):

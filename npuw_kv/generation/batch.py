@@ -14,7 +14,7 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..runtime.paged.batch import BatchEngine
-from .decode import decode_loop
+from .decode import decode_loop, sample_rng
 from .logits_process import LogitsConstraint
 
 Loop = Generator[int | None, np.ndarray, GenerationResult]
@@ -40,13 +40,12 @@ def generate_batch(
     times: BatchTimes | None = None,
 ) -> list[list[GenerationResult]]:
     """Each prompt's ``num_return_sequences`` results, the prompt's config applied to it; all
-    sequences run in the engine's steps together.  Samples of one prompt share a random
-    generator, seeded by its ``rng_seed``."""
+    sequences run in the engine's steps together.  Each sample has its own random generator
+    (:func:`~.decode.sample_rng`), so the samples equal those run one after another."""
     loops: dict[int, tuple[Loop, int, int]] = {}  # handle -> (loop, prompt, sample)
     results: list[list[GenerationResult | None]] = []
     try:
         for index, (ids, config) in enumerate(zip(prompts, configs, strict=True)):
-            rng = np.random.default_rng(config.rng_seed)
             results.append([None] * config.num_return_sequences)
             for sample in range(config.num_return_sequences):
                 handle = engine.submit([int(t) for t in ids.reshape(-1)])
@@ -59,7 +58,7 @@ def generate_batch(
                     _remaining(engine, handle),
                     position_limit,
                     constraint,
-                    rng,
+                    sample_rng(config.rng_seed, sample),
                 )
                 next(loop)
                 loops[handle] = (loop, index, sample)

@@ -43,7 +43,7 @@ def decode_loop(
     ``position_limit``: the model's trained context; generation stops (``"length"``) when the
     prompt and the answer fill it, as it does when the KV cache is full.  ``constraint``
     restricts each next token (structured output) and ends generation when it is done.
-    ``rng``: shared across the samples of one prompt.
+    ``rng``: the sample's random generator (:func:`sample_rng`).
     """
     if config.structured_output_config is not None and constraint is None:
         raise ValueError(
@@ -157,16 +157,15 @@ def generate_sequences(
     position_limit: int | None = None,
     make_constraint: Callable[[], LogitsConstraint | None] | None = None,
 ) -> list[GenerationResult]:
-    """``config.num_return_sequences`` sequences, sampled one after another from one random
-    generator (genai forks them after the prompt; here each prefills again, which the runner
-    serves from the prompt's cached KV where it can).  One streamer cannot take several
-    sequences (genai refuses it too)."""
+    """``config.num_return_sequences`` sequences, one after another, each from its own random
+    generator (:func:`sample_rng`; genai forks them after the prompt; here each prefills again,
+    which the runner serves from the prompt's cached KV where it can).  One streamer cannot take
+    several sequences (genai refuses it too)."""
     n = config.num_return_sequences
     if n > 1 and streamer is not None:
         raise ValueError(f"a streamer takes one sequence, not num_return_sequences={n}")
     if config.num_beams > 1:  # the pipeline sends these to npuw_kv.generation.beam_search
         raise ValueError(f"num_beams={config.num_beams}: beam search is beam_search.beam_search's")
-    rng = np.random.default_rng(config.rng_seed)
     return [
         generate_tokens(
             runner,
@@ -176,7 +175,17 @@ def generate_sequences(
             streamer,
             position_limit,
             make_constraint() if make_constraint is not None else None,
-            rng,
+            sample_rng(config.rng_seed, i),
         )
-        for _ in range(n)
+        for i in range(n)
     ]
+
+
+def sample_rng(seed: int | None, index: int) -> np.random.Generator:
+    """The random generator of sample ``index`` of a prompt: the seed's own for the first (so
+    one sample equals the first of several), an independent stream for each other one, so the
+    samples come out the same whether they run one after another or batched together (no
+    seed: fresh entropy for each)."""
+    if seed is None or index == 0:
+        return np.random.default_rng(seed)
+    return np.random.default_rng([seed, index])
