@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from typing import Any
 
 from ..cli.args import pipeline_kwargs
 from ..config.pipeline_config import PipelineConfig
 from .bench_batch import measure_batch, run_concurrency
-from .bench_worker import RUNTIMES, genai_properties, measure
+from .bench_worker import RUNTIMES, genai_properties, measure, worker_result
 from .snippets import snippet_kernels, snippet_probe
 
 QUICK_PROMPT_LEN, QUICK_NEW_TOKENS = 1000, 64  # ``--quick``, and the lengths' defaults
@@ -54,12 +53,7 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
             cmd += [flag, str(value)]
     if args.model:
         cmd += ["--model", str(args.model)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"runtime": runtime, "error": reason[:300]}
-    return json.loads(lines[-1])
+    return worker_result(cmd, runtime)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -13,12 +13,13 @@ distinct cuts of the stdlib-docstring text, ``prompt_len`` tokens each.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from typing import Any
 
 import numpy as np
+
+from .bench_worker import _peak_rss_mb, worker_result
 
 BATCH_RUNTIMES = ("npuw-kv", "genai-cpu")
 
@@ -48,7 +49,6 @@ def measure_batch(
     import openvino_genai
 
     from ..model.source import resolve_model
-    from .bench_worker import _peak_rss_mb
 
     if runtime == "npuw-kv":
         from ..pipeline import LLMPipeline  # before the tokenizer: see bench_worker.measure
@@ -99,12 +99,7 @@ def _worker(runtime: str, n: int, args: Any, extra: dict[str, Any]) -> dict[str,
     cmd += ["--extra", json.dumps(extra)]
     if args.model:
         cmd += ["--model", str(args.model)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"runtime": runtime, "n": n, "error": reason[:300]}
-    return json.loads(lines[-1])
+    return worker_result(cmd, runtime, n=n)
 
 
 def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> int:

@@ -9,9 +9,11 @@ past length each ran with.
 
 from __future__ import annotations
 
+import json
 import resource
+import subprocess
 import time
-from typing import Any
+from typing import Any, cast
 
 from ..config.pipeline_config import PipelineConfig
 
@@ -46,6 +48,17 @@ _NPUW_PRESETS: dict[str, dict[str, str]] = {
         "NPUW_LLM_GENERATE_PYRAMID": "NO",
     },
 }
+
+
+def worker_result(cmd: list[str], runtime: str, **row: Any) -> dict[str, Any]:
+    """Run one bench worker process (``cmd``); the JSON row it printed last, or a row with
+    ``row``'s fields saying why it failed (its last line of stderr)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"runtime": runtime, **row, "error": reason[:300]}
+    return cast(dict[str, Any], json.loads(lines[-1]))
 
 
 def _peak_rss_mb() -> float:
