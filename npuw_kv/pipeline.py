@@ -321,7 +321,6 @@ class LLMPipeline:
         )
         at_once = min(self.config.max_num_seqs, len(ids) * config.num_return_sequences)
         if not self._kv_room_given:
-            runner.release()  # the lone sequence of an earlier call: its blocks stay cached
             runner.fit_batch(at_once, longest)
         engine = BatchEngine(runner, self.config.max_num_seqs)
         times = BatchTimes()

@@ -147,9 +147,8 @@ def build_runner(
         ),
     )
     vocab = _vocab(requests.logits_output(layout.logits_output_index))
-    return Built(
-        runner, config, decided, vocab, runner.layout
-    )  # the generate models' (V transposed?)
+    # the layout is the generate models' (V transposed or not)
+    return Built(runner, config, decided, vocab, runner.layout)
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:

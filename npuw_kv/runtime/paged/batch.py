@@ -24,7 +24,6 @@ import numpy as np
 
 from ...errors import CapacityError
 from ...kv.blocks import OutOfBlocksError
-from ...model.paged_rewrite import LOGITS_ROWS
 from .runner import PagedRunner
 
 
@@ -217,32 +216,8 @@ class BatchEngine:
 
     def _infer(self, plan: list[tuple[Live, int, int]]) -> np.ndarray:
         """One call over the plan's subsequences; one logits row per subsequence."""
-        runner = self.runner
-        lengths = [end - begin for _, begin, end in plan]
-        blocks = [runner.cache.blocks_for(end) for _, _, end in plan]
-        tables = {
-            name: np.concatenate(
-                [runner.table(seq.key, key, n) for (seq, _, _), n in zip(plan, blocks, strict=True)]
-            )
-            for key, name in runner.memory.table_inputs.items()
-        }
-        ends = np.cumsum(lengths)
-        inputs = {
-            "input_ids": np.concatenate(
-                [np.asarray(seq.tokens[b:e], np.int64) for seq, b, e in plan]
-            ),
-            "position_ids": np.concatenate([np.arange(b, e, dtype=np.int64) for _, b, e in plan]),
-            "past_lens": np.array([b for _, b, _ in plan], np.int32),
-            "subsequence_begins": np.concatenate([[0], ends]).astype(np.int32),
-            "block_indices_begins": np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32),
-            "max_context_len": np.array(max(e for _, _, e in plan), np.int32),
-            **tables,
-        }
-        if runner._rows_input:
-            inputs[LOGITS_ROWS] = (ends - 1).astype(np.int64)
-        runner.request.infer(inputs)
-        logits = runner.request.get_tensor("logits").data
-        logits = logits.reshape(-1, logits.shape[-1])
-        if not runner._rows_input:  # full logits (perplexity mode): each subsequence's last
-            return logits[ends - 1]
+        parts = [(seq.key, np.asarray(seq.tokens[b:e], np.int64), b) for seq, b, e in plan]
+        logits = self.runner.run(parts)
+        if not self.runner._rows_input:  # full logits (perplexity mode): each part's last
+            logits = logits[np.cumsum([e - b for _, b, e in plan]) - 1]
         return logits.copy()  # the request's output is overwritten by the next call

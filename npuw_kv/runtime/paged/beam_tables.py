@@ -16,7 +16,6 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from ...model.paged_rewrite import LOGITS_ROWS
 from .runner import PagedRunner
 
 _NEEDS_PAGED = (
@@ -94,29 +93,11 @@ class BeamCache:
     def infer(self, tokens: Sequence[int]) -> np.ndarray:
         """Run the live beams' newest tokens (one subsequence each) in one call; the logits
         ``[beams, vocab]``, row i for beam i."""
-        runner, key = self.runner, self.runner.capacity
-        pasts = [self.blocks.num_tokens(s) - 1 for s in self._beams]
-        tables = [
-            np.array(self.blocks.block_table(s, key)[: runner.cache.blocks_for(p + 1)], np.int32)
-            for s, p in zip(self._beams, pasts, strict=True)
+        parts = [
+            (s, np.array([token], np.int64), self.blocks.num_tokens(s) - 1)
+            for s, token in zip(self._beams, tokens, strict=True)
         ]
-        n = len(self._beams)
-        begins = np.cumsum([0, *(t.size for t in tables)]).astype(np.int32)
-        extra = {LOGITS_ROWS: np.arange(n, dtype=np.int64)} if runner._rows_input else {}
-        runner.request.infer(
-            {
-                "input_ids": np.asarray(tokens, np.int64),
-                "position_ids": np.asarray(pasts, np.int64),
-                "past_lens": np.asarray(pasts, np.int32),
-                "subsequence_begins": np.arange(n + 1, dtype=np.int32),
-                "block_indices_begins": begins,
-                "max_context_len": np.array(max(pasts) + 1, np.int32),
-                runner.memory.table_inputs[key]: np.concatenate(tables),
-                **extra,
-            }
-        )
-        logits = runner.request.get_tensor("logits").data
-        return logits.reshape(-1, logits.shape[-1])[-n:].copy()
+        return self.runner.run(parts).copy()  # one token each: one row each
 
     def close(self) -> None:
         """Forget the beams: their full blocks stay cached (the prompt's for the next call);

@@ -181,13 +181,6 @@ class PagedRunner(Runner):
             table[detached] = held[0]
         return table
 
-    def _tables(self, blocks: int) -> dict[str, np.ndarray]:
-        """Each window's block table for the first ``blocks`` blocks of the sequence."""
-        return {
-            name: self.table(self._seq, key, blocks)
-            for key, name in self.memory.table_inputs.items()
-        }
-
     def release(self) -> None:
         """End the lone sequence of :meth:`prefill` / :meth:`step`, if one is live: its full
         blocks stay cached (the batch engine runs its own sequences)."""
@@ -202,25 +195,45 @@ class PagedRunner(Runner):
             return True
         return False
 
-    def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
-        n, total = int(ids.size), past + int(ids.size)
-        blocks = self.cache.blocks_for(total)
-        # the model's LM head runs on the last ``rows`` tokens (none: every token)
-        extra = {LOGITS_ROWS: np.arange(n - rows, n, dtype=np.int64)} if self._rows_input else {}
-        self.request.infer(
-            {
-                "input_ids": ids,
-                "position_ids": np.arange(past, total, dtype=np.int64),
-                "past_lens": np.array([past], np.int32),
-                "subsequence_begins": np.array([0, n], np.int32),
-                "block_indices_begins": np.array([0, blocks], np.int32),
-                "max_context_len": np.array(total, np.int32),
-                **self._tables(blocks),
-                **extra,
-            }
-        )
+    def run(self, parts: Sequence[tuple[Hashable, np.ndarray, int]], rows: int = 1) -> np.ndarray:
+        """One call over the new tokens of several sequences, a subsequence each: ``parts``
+        are ``(sequence, its new ids, tokens it has cached)``.  The logits of each part's last
+        ``rows`` tokens, in order (the model's LM head runs on those only); where the model
+        keeps the head on every token (``full_prefill_logits``), every token's.  The array is
+        the request's own: copy what must outlive the next call."""
+        lengths = [int(ids.size) for _, ids, _ in parts]
+        pasts = [past for _, _, past in parts]
+        totals = [past + n for past, n in zip(pasts, lengths, strict=True)]
+        ends = np.cumsum(lengths)
+        blocks = [self.cache.blocks_for(total) for total in totals]
+        tables = {
+            name: np.concatenate(
+                [self.table(seq, key, n) for (seq, _, _), n in zip(parts, blocks, strict=True)]
+            )
+            for key, name in self.memory.table_inputs.items()
+        }
+        inputs = {
+            "input_ids": np.concatenate([np.asarray(ids, np.int64) for _, ids, _ in parts]),
+            "position_ids": np.concatenate(
+                [np.arange(p, t, dtype=np.int64) for p, t in zip(pasts, totals, strict=True)]
+            ),
+            "past_lens": np.array(pasts, np.int32),
+            "subsequence_begins": np.concatenate([[0], ends]).astype(np.int32),
+            "block_indices_begins": np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32),
+            "max_context_len": np.array(max(totals), np.int32),
+            **tables,
+        }
+        if self._rows_input:
+            inputs[LOGITS_ROWS] = np.concatenate(
+                [np.arange(end - min(rows, n), end) for end, n in zip(ends, lengths, strict=True)]
+            ).astype(np.int64)
+        self.request.infer(inputs)
         logits = self.request.get_tensor("logits").data
-        return logits.reshape(-1, logits.shape[-1])  # [1, vocab], or [n, vocab] (full logits)
+        return logits.reshape(-1, logits.shape[-1])
+
+    def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
+        """The lone sequence's call: ``[rows, vocab]`` (``[n, vocab]`` with full logits)."""
+        return self.run([(self._seq, ids, past)], rows)
 
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
         """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
