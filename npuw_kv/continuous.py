@@ -22,7 +22,7 @@ import openvino_genai
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import Prompt
-from .generation.decode import decode_loop, sample_rng
+from .generation.batch import BatchDriver
 from .pipeline import LLMPipeline
 from .runtime.paged.batch import BatchEngine
 from .runtime.paged.runner import PagedRunner
@@ -43,7 +43,6 @@ class GenerationOutput:
 @dataclass
 class _Sequence:
     engine_handle: int
-    loop: Any
     output: GenerationOutput = field(default_factory=GenerationOutput)
     result: GenerationResult | None = None
     read_upto: int = 0
@@ -135,6 +134,10 @@ class ContinuousBatchingPipeline:
             )
         self.runner = runner
         self.engine = BatchEngine(runner, self.pipeline.config.max_num_seqs)
+        trained = self.pipeline.trained_context
+        self.driver = BatchDriver(
+            self.engine, self.pipeline.tokenizer, trained[0] if trained else None
+        )
         self._handles: dict[int, tuple[GenerationHandle, _Sequence]] = {}
         self._request_ids = itertools.count(1 << 40)  # generate()'s own requests
 
@@ -172,23 +175,11 @@ class ContinuousBatchingPipeline:
             self.runner.fit_batch(self.engine.max_num_seqs, tokens)
         handle = GenerationHandle(int(request_id), self)
         factory = pipe._constraint(config)
-        limit = pipe.trained_context[0] if pipe.trained_context else None
         for sample in range(config.num_return_sequences):
-            engine_handle = self.engine.submit([int(t) for t in ids])
-            loop = decode_loop(
-                pipe.tokenizer,
-                ids,
-                config,
-                None,
-                _remaining(self.engine, engine_handle),
-                limit,
-                factory() if factory is not None else None,
-                sample_rng(config.rng_seed, sample),
-            )
-            next(loop)
-            seq = _Sequence(engine_handle, loop)
+            constraint = factory() if factory is not None else None
+            seq = _Sequence(self.driver.add(ids, config, sample, constraint))
             handle._seqs.append(seq)
-            self._handles[engine_handle] = (handle, seq)
+            self._handles[seq.engine_handle] = (handle, seq)
         return handle
 
     def step(self) -> None:
@@ -196,16 +187,11 @@ class ContinuousBatchingPipeline:
         if not self.engine.busy:
             return
         with self.pipeline._exclusive():
-            ready = self.engine.step()
-        for engine_handle, logits in ready.items():
-            handle, seq = self._handles[engine_handle]
-            try:
-                token = seq.loop.send(logits)
-            except StopIteration as done:
-                self._finish(handle, seq, done.value)
-                continue
-            seq.output.generated_ids.append(int(token))
-            self.engine.feed(engine_handle, int(token))
+            tokens, done = self.driver.step()
+        for engine_handle, token in tokens.items():
+            self._handles[engine_handle][1].output.generated_ids.append(token)
+        for engine_handle, result in done.items():
+            self._finish(*self._handles.pop(engine_handle), result)
 
     def _finish(self, handle: GenerationHandle, seq: _Sequence, result: GenerationResult) -> None:
         seq.result = result
@@ -216,8 +202,6 @@ class ContinuousBatchingPipeline:
             result.score,
             reasons.STOP if result.finish_reason == "stop" else reasons.LENGTH,
         )
-        self.engine.finish(seq.engine_handle)
-        del self._handles[seq.engine_handle]
         if all(s.result is not None for s in handle._seqs):
             handle._status = Status.FINISHED
 
@@ -227,8 +211,7 @@ class ContinuousBatchingPipeline:
             return
         for seq in handle._seqs:
             if seq.engine_handle in self._handles:
-                seq.loop.close()
-                self.engine.finish(seq.engine_handle)
+                self.driver.drop(seq.engine_handle)
                 del self._handles[seq.engine_handle]
             if status == Status.CANCEL:
                 seq.output = GenerationOutput()
@@ -274,7 +257,3 @@ class ContinuousBatchingPipeline:
                 )
             )
         return out
-
-
-def _remaining(engine: BatchEngine, handle: int) -> Any:
-    return lambda: engine.remaining(handle)
