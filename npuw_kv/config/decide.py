@@ -176,9 +176,11 @@ def compute_precision(core: ov.Core, config: Settings) -> str:
     return precision if precision.upper() in capabilities or precision == "f32" else "f32"
 
 
-def kv_precision(core: ov.Core, config: Settings, wide_activations: bool = False) -> str:
+def kv_precision(
+    core: ov.Core, config: Settings, wide_activations: bool = False, compute: str | None = None
+) -> str:
     """What the static-shape path stores KV in; ``auto``: the precision the device computes
-    it in.
+    it in (``compute``, :func:`compute_precision`, asked of the device when not given).
 
     On NPU that is f16, as NPUW's own LLM pipeline stores it (a real NPU computes in f16),
     except where our settings keep NPUW's tensors f32: under an f32 precision hint and for
@@ -195,7 +197,8 @@ def kv_precision(core: ov.Core, config: Settings, wide_activations: bool = False
     them as bf16 is therefore lossless (bit-identical logits, tested) and halves the cache and
     the per-step conversions.  Elsewhere ``auto`` means f32.
     """
-    if config.kv_precision == "bf16" and compute_precision(core, config) == "f32":
+    compute = compute or compute_precision(core, config)
+    if config.kv_precision == "bf16" and compute == "f32":
         warnings.warn(
             "kv_precision='bf16' under f32 compute keeps 8 mantissa bits where 'f16' keeps 11 "
             "for the same memory (on the 4k accuracy prompt bf16 KV leaves the f32 greedy path "
@@ -208,7 +211,7 @@ def kv_precision(core: ov.Core, config: Settings, wide_activations: bool = False
         return config.kv_precision
     if config.device == "NPU":
         return "f16" if npuw_f16_between_subgraphs(config, wide_activations) else "f32"
-    return compute_precision(core, config)
+    return compute
 
 
 @dataclass(frozen=True)
@@ -265,14 +268,20 @@ def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[
     model's activations leave the f16 range (:func:`~npuw_kv.model.source.wide_activations`)."""
     is_paged = paged(config)
     devices = npuw_devices(core, config)
+    compute = compute_precision(core, config)
+    stored = (
+        paged_kv_precision(config)
+        if is_paged
+        else kv_precision(core, config, wide_activations, compute)
+    )
     return Decided(
         config,
         is_paged,
         static_models(config),
         devices,
         npuw_f16_between_subgraphs(config, wide_activations),
-        compute_precision(core, config),
-        paged_kv_precision(config) if is_paged else kv_precision(core, config, wide_activations),
+        compute,
+        stored,
         v_transposed(config, devices),
         window_rings(config),
         prefill_ladder(config),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import combinations
 
-from .slots import plan_rings
+from .slots import pieces, plan_rings
 
 # the generate variants' KV lengths grow in steps of this many tokens (doubling), as NPUW's
 GENERATE_STEP = 1024
@@ -106,8 +106,7 @@ class StaticShapes:
     def past_blocks(self, past: int) -> tuple[int, ...]:
         """The lengths of the blocks a model of ``past`` slots reads, in order (one: the past
         is a single input)."""
-        bounds = (0, *(e for e in self.block_edges if e < past), past)
-        return tuple(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+        return tuple(b - a for a, b, _ in pieces(0, past, edges=self.block_edges))
 
 
 def lean_rungs(whole: int, count: int) -> tuple[int, ...]:
