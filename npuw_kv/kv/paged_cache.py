@@ -107,6 +107,20 @@ def block_bytes(specs: Sequence[PagedSpec], names: Mapping[int, list[str]]) -> d
     return {key: sum(size[n] for n in tensors) for key, tensors in names.items()}
 
 
+def sequence_blocks(
+    keys: Sequence[int], capacity: int, tokens: int, block_size: int, chunk: int
+) -> dict[int, int]:
+    """Blocks one sequence of up to ``tokens`` tokens needs in each window's pool: all of them
+    under full attention (key ``capacity``), its window and a chunk under a sliding window
+    (``min_live_blocks``)."""
+    return {
+        k: blocks_for(tokens, block_size)
+        if k == capacity
+        else min_live_blocks(tokens, k, block_size, chunk)
+        for k in keys
+    }
+
+
 def plan_pools(
     windows: Sequence[int | None],
     capacity: int,
@@ -126,12 +140,7 @@ def plan_pools(
     with ``shares``, their bytes over all layers split between the windows' pools.
     """
     keys = sorted({capacity if w is None else w for w in windows})
-    need = {
-        k: blocks_for(capacity, block_size)
-        if k == capacity
-        else min_live_blocks(capacity, k, block_size, chunk)
-        for k in keys
-    }
+    need = sequence_blocks(keys, capacity, capacity, block_size, chunk)
     room, host = blocks_for(room_tokens, block_size), blocks_for(host_tokens, block_size)
     if shares is None:
         full = blocks_for(capacity + room_tokens, block_size)

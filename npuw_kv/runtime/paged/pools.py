@@ -29,7 +29,6 @@ from ...kv.blocks import (
     uniform_layers,
     window_label,
 )
-from ...kv.blocks.sequence import blocks_for, min_live_blocks
 from ...kv.paged_cache import (
     HostTier,
     PagedKVCache,
@@ -37,6 +36,7 @@ from ...kv.paged_cache import (
     PoolPlan,
     block_bytes,
     plan_pools,
+    sequence_blocks,
 )
 from ...model.paged_rewrite import CACHE_PREFIXES, block_table_input, cache_inputs
 
@@ -95,7 +95,6 @@ class PagedPools:
             key: block_table_input(None if key == capacity else key) for key in self.keys
         }
         self.moved_bytes = 0  # block moves: SWA prefix hits, host-tier offloads and restores
-        self._shares, self._shares_source = shares, shares_source
         self.allocate(self.plan_for(shares, shares_source))
 
     @property
@@ -148,7 +147,6 @@ class PagedPools:
         ``source`` with nothing changed.  Returns the shares' canonical text."""
         shares = None if value is None else parse_window_shares(value, source)
         self.allocate(self.plan_for(shares, source))
-        self._shares, self._shares_source = shares, source
         return None if shares is None else format_shares(shares)
 
     def fit_batch(self, sequences: int, tokens: int) -> bool:
@@ -157,16 +155,14 @@ class PagedPools:
         sequence keeps live (its window and a chunk), so more sequences fit than with every
         layer whole.  The cached prefixes are dropped when the pools grow; nothing changes if
         allocating fails.  True if they grew."""
-        tokens = min(tokens, self.capacity)
-        need = {
-            key: sequences
-            * (
-                blocks_for(tokens, self.block_size)
-                if key == self.capacity
-                else min_live_blocks(tokens, key, self.block_size, self.chunk)
-            )
-            for key in self.plan.primary
-        }
+        each = sequence_blocks(
+            list(self.plan.primary),
+            self.capacity,
+            min(tokens, self.capacity),
+            self.block_size,
+            self.chunk,
+        )
+        need = {key: sequences * n for key, n in each.items()}
         if all(self.plan.primary[k] >= n for k, n in need.items()):
             return False
         primary = {k: max(self.plan.primary[k], need[k]) for k in need}
