@@ -67,6 +67,7 @@ class FuzzStats:
     hits: int = 0
     hit_tokens: int = 0
     extends: int = 0
+    forks: int = 0
     removes: int = 0
     lookups: int = 0
     preemptions: int = 0
@@ -107,6 +108,8 @@ class Driver:
         r = self.rng.random()
         if r < 0.25 or not self.live:
             self.add()
+        elif r < 0.29:
+            self.fork()
         elif r < 0.72:
             self.extend()
         elif r < 0.87:
@@ -229,6 +232,30 @@ class Driver:
             self.mgr, self.store, sid, seq.words, n_old, n_old
         )
         write_rows(self.mgr, self.store, sid, seq.words, n_old, len(seq.tokens))
+
+    def fork(self) -> None:
+        """A beam parting from another: the child reads the parent's rows, and both go on."""
+        if len(self.live) >= self.ep.max_live:
+            self.remove(self.rng.choice(list(self.live)))
+            return
+        parent = self.rng.choice(list(self.live))
+        src, sid = self.live[parent], self.next_id
+        self.log.append(f"fork {parent} -> {sid}")
+        before = self._snapshot()
+        self.stats.ops += 1
+        try:
+            self.mgr.fork(parent, sid)
+        except OutOfBlocksError as exc:
+            self._refused(before, exc, long=False, large=False, alone=False)
+            if len(self.live) > 1:  # the pools may hold only one sequence: no fork then
+                self._preempt(keep=parent)
+            return
+        self.next_id += 1
+        seq = self.live[sid] = _Seq(list(src.tokens), RowWords(), list(src.pending), src.sealed)
+        seq.words.extend(seq.tokens)
+        self.stats.forks += 1
+        n = len(seq.tokens)
+        self.stats.rows_checked += check_live_rows(self.mgr, self.store, sid, seq.words, n, n)
 
     def remove(self, sid: int) -> None:
         self.log.append(f"remove {sid}")

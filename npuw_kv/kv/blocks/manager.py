@@ -216,6 +216,28 @@ class KVBlockManager:
             wm.truncate(seq.serial, n_tokens)
         del seq.tokens[n_tokens:]
 
+    def fork(self, seq_id: Hashable, child_id: Hashable) -> None:
+        """Start ``child_id`` as a copy of live ``seq_id`` (a beam that parts from another):
+        full blocks shared where the window shares blocks (full attention, by reference
+        count), every other live block copied into a block of its own, so each writes its
+        next tokens into its own last block.  Nothing changes if a window lacks the blocks."""
+        if child_id in self._seqs:
+            raise SequenceExistsError(f"sequence {child_id!r} is already live")
+        seq = self._get(seq_id)
+        n = len(seq.tokens)
+        self._check_capacity(
+            child_id,
+            lambda _: {w: wm.cost_of_fork(seq.serial, n) for w, wm in self.windows.items()},
+            n,
+        )
+        serial = self._next_serial
+        self._next_serial += 1
+        for wm in self.windows.values():
+            wm.fork(seq.serial, serial, n)
+        self._seqs[child_id] = _Sequence(child_id, serial, list(seq.tokens), seq.priorities)
+        self._removed.pop(child_id, None)
+        self.sequences_added += 1
+
     def remove_sequence(self, seq_id: Hashable) -> None:
         """End a sequence: SWA groups store its blocks for reuse, all blocks are released."""
         seq = self._get(seq_id)

@@ -178,6 +178,44 @@ class WindowManager:
             seq.stored_depth, seq.stored_node = k, match.path[k - 1]
         self._grow(seq, tokens, k * self.tpb, len(tokens))
 
+    def cost_of_fork(self, serial: int, n_tokens: int) -> int:
+        """Free primary blocks :meth:`fork` takes: each live block it cannot share."""
+        seq, full = self.seqs[serial], n_tokens // self.tpb
+        return sum(1 for i in range(seq.first_live, len(seq.table)) if not self._shared(i, full))
+
+    def _shared(self, index: int, full: int) -> bool:
+        return self.policy.shares_hit_blocks and index < full
+
+    def fork(self, serial: int, child: int, n_tokens: int) -> None:
+        """Start sequence ``child`` with ``serial``'s ``n_tokens`` tokens: its full blocks
+        shared where the policy shares blocks, every other live block copied."""
+        src = self.seqs[serial]
+        size, full = len(src.table), n_tokens // self.tpb
+        seq = SeqBlocks(
+            child,
+            src.priorities,
+            table=[None] * size,
+            gens=[-1] * size,
+            first_live=src.first_live,
+            store_upto=src.store_upto,
+            stored_depth=src.stored_depth,
+            stored_node=src.stored_node,
+        )
+        self.seqs[child] = seq
+        for idx in range(src.first_live, size):
+            block = src.table[idx]
+            assert block is not None
+            if self._shared(idx, full):
+                block.ref_count += 1
+                seq.put(idx, block)
+                continue
+            fresh = self._reclaim.take_free_primary(child, idx)
+            copy_bytes(block, fresh, self._copy)
+            fresh.ref_count = 1
+            fresh.priority = seq.priorities.for_block(idx)
+            seq.put(idx, fresh)
+            self.counters.copied_blocks += 1
+
     def extend(self, serial: int, tokens: Sequence[int], n_old: int, store: bool = True) -> None:
         """Append ``tokens[n_old:]`` (``tokens`` is the whole sequence).
 
