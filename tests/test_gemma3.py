@@ -219,7 +219,8 @@ def test_a_batch_of_prompts_past_the_window_gets_each_prompts_own_tokens(
 ) -> None:
     """Sliding-window layers in batched steps: each sequence detaches its own blocks behind
     its window, and its tokens are those it gets alone (exact f32); the window pool grows by
-    what each sequence keeps live, not by its whole length."""
+    what each sequence keeps live, not by its whole length: its window and a block while it
+    decodes, its window and a chunk while it reads its prompt (two at a time at most)."""
     pipe = LLMPipeline(gemma_dir, "CPU", max_prompt_len=1024, **EXACT_F32)
     ids = prompt_ids(gemma_tokenizer, 3000)
     texts = [gemma_tokenizer.decode([int(t) for t in ids[i * 900 : i * 900 + n]])
@@ -228,6 +229,36 @@ def test_a_batch_of_prompts_past_the_window_gets_each_prompts_own_tokens(
     batch = pipe.generate(texts, **kw)
     stats = pipe.kv_stats()
     pools = stats["kv_pool_blocks"]
-    # per sequence: the window and a chunk in blocks (25), not its whole past (29 or more)
-    assert pools["512"] == 3 * 25 and pools["full"] >= 3 * 29
+    # decoding: 17 blocks of 32 (window and a block); reading a prompt: 25 (window and chunk)
+    assert pools["512"] == 3 * 17 + 2 * (25 - 17) and pools["full"] >= 3 * 29
     assert batch.texts == [str(pipe.generate(t, **kw)) for t in texts]
+
+
+def test_beams_past_the_window_are_genais_and_share_steps_with_other_requests(
+    gemma_dir: Path, long_prompt
+) -> None:
+    """Beam search on a sliding-window model, in the batch beside a greedy request: each beam
+    forked from another copies its windowed blocks (never shared while live) and shares its
+    full-attention ones; the sequences and scores are genai's (exact f32), and the greedy
+    request gets the tokens it gets alone."""
+    from npuw_kv import ContinuousBatchingPipeline
+
+    cb = ContinuousBatchingPipeline(gemma_dir, None, "CPU", {**EXACT_F32, "max_prompt_len": 1024})
+    prompt = long_prompt[:700]
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.num_beams, config.num_return_sequences = 6, 3, 3
+    greedy = openvino_genai.GenerationConfig()
+    greedy.max_new_tokens, greedy.ignore_eos = 8, True
+    beams = cb.add_request(0, ov.Tensor(prompt[None]), config)
+    other = cb.add_request(1, ov.Tensor(long_prompt[100:650][None]), greedy)
+    while cb.has_non_finished_requests():
+        cb.step()
+    ours = beams.read_all()
+    assert cb.session.engine.peak_batch >= 4  # three beams and the greedy request at once
+    genai = openvino_genai.LLMPipeline(str(gemma_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
+    theirs = genai.generate(ov.Tensor(prompt[None]), config)
+    assert [list(o.generated_ids) for o in ours] == [list(t) for t in theirs.tokens]
+    assert [o.score for o in ours] == pytest.approx(list(theirs.scores), abs=1e-5)
+    alone = cb.pipeline.generate([int(t) for t in long_prompt[100:650]], greedy)
+    assert other.read_all()[0].generated_ids == list(alone.tokens)
+    cb.pipeline.runner.blocks.check_invariants()

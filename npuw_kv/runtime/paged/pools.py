@@ -149,20 +149,20 @@ class PagedPools:
         self.allocate(self.plan_for(shares, source))
         return None if shares is None else format_shares(shares)
 
-    def fit_batch(self, sequences: int, tokens: int) -> bool:
+    def fit_batch(self, sequences: int, tokens: int, prefilling: int = 2) -> bool:
         """Pools that hold ``sequences`` sequences of ``tokens`` tokens at once, grown where
         smaller: a full-attention pool by their tokens, a sliding-window pool by what each
-        sequence keeps live (its window and a chunk), so more sequences fit than with every
-        layer whole.  The cached prefixes are dropped when the pools grow; nothing changes if
-        allocating fails.  True if they grew."""
-        each = sequence_blocks(
-            list(self.plan.primary),
-            self.capacity,
-            min(tokens, self.capacity),
-            self.block_size,
-            self.chunk,
-        )
-        need = {key: sequences * n for key, n in each.items()}
+        sequence keeps live: its window and a block while it decodes, its window and a chunk
+        while it reads its prompt, which at most ``prefilling`` do at once (the batch engine
+        reads one prompt a step, and starts the next as one ends); so more sequences fit than
+        with every layer whole.  Should more read prompts at once, the engine preempts.  The
+        cached prefixes are dropped when the pools grow; nothing changes if allocating fails.
+        True if they grew."""
+        keys, length = list(self.plan.primary), min(tokens, self.capacity)
+        decoding = sequence_blocks(keys, self.capacity, length, self.block_size, 1)
+        reading = sequence_blocks(keys, self.capacity, length, self.block_size, self.chunk)
+        readers = min(prefilling, sequences)
+        need = {k: sequences * decoding[k] + readers * (reading[k] - decoding[k]) for k in keys}
         if all(self.plan.primary[k] >= n for k, n in need.items()):
             return False
         primary = {k: max(self.plan.primary[k], need[k]) for k in need}
