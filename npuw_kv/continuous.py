@@ -4,7 +4,8 @@ Requests are added at any time (:meth:`ContinuousBatchingPipeline.add_request`) 
 :meth:`~ContinuousBatchingPipeline.step` runs one batched model call over every live sequence
 (:class:`~npuw_kv.runtime.paged.batch.BatchEngine`): new requests join between steps, finished
 ones leave.  A request's :class:`GenerationHandle` reads its tokens as they come.  It runs on
-the CPU path (PagedAttention) only; beam search and speculative decoding are refused by name.
+the CPU path (PagedAttention) only; beam searches join the batch too, speculative decoding is
+refused by name.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import openvino_genai
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import Prompt
-from .generation.batch import BatchDriver
+from .generation.beam_search import check_beam_request
+from .generation.session import SequenceRequest, Ticket
 from .pipeline import LLMPipeline
-from .runtime.paged.batch import BatchEngine
 from .runtime.paged.runner import PagedRunner
 
 Status = openvino_genai.GenerationStatus
@@ -48,25 +49,61 @@ class _Sequence:
     read_upto: int = 0
 
 
+def _output(result: GenerationResult) -> GenerationOutput:
+    reasons = openvino_genai.GenerationFinishReason
+    finish = reasons.STOP if result.finish_reason == "stop" else reasons.LENGTH
+    return GenerationOutput(list(result.tokens), list(result.logprobs), result.score, finish)
+
+
 class GenerationHandle:
     """What :meth:`ContinuousBatchingPipeline.add_request` returns: the request's sequences
-    (``num_return_sequences`` of them), read as they grow."""
+    (``num_return_sequences`` of them), read as they grow.  A sequence that failed (a
+    sampling setting the logits could not take) raises its error from the reads."""
 
     def __init__(self, request_id: int, pipe: ContinuousBatchingPipeline) -> None:
         self.request_id = request_id
         self._pipe = pipe
         self._seqs: list[_Sequence] = []
         self._status = Status.RUNNING
+        self._ticket = Ticket(on_token=self._on_token)
+
+    def _on_token(self, engine_handle: int, token: int) -> None:
+        for seq in self._seqs:
+            if seq.engine_handle == engine_handle:
+                seq.output.generated_ids.append(token)
+
+    def _sync(self) -> None:
+        """Take the outcomes of the sequences that finished in the steps since (a beam
+        search's several results become as many sequences)."""
+        if self._status != Status.RUNNING:
+            return
+        seqs: list[_Sequence] = []
+        for seq in self._seqs:
+            outcome = self._ticket.outcomes.get(seq.engine_handle)
+            if outcome is None or seq.result is not None:
+                seqs.append(seq)
+                continue
+            if isinstance(outcome, Exception):
+                self._pipe._end(self, Status.IGNORED)
+                raise outcome
+            for result in outcome if isinstance(outcome, list) else [outcome]:
+                seqs.append(_Sequence(seq.engine_handle, _output(result), result, seq.read_upto))
+        self._seqs = seqs
+        if all(s.result is not None for s in self._seqs):
+            self._status = Status.FINISHED
 
     def get_status(self) -> Any:
+        self._sync()
         return self._status
 
     def can_read(self) -> bool:
         """True when some sequence has tokens not read yet."""
+        self._sync()
         return any(len(s.output.generated_ids) > s.read_upto for s in self._seqs)
 
     def read(self) -> dict[int, GenerationOutput]:
         """Each sequence's tokens since the last read, by sequence index."""
+        self._sync()
         out = {}
         for i, seq in enumerate(self._seqs):
             new = seq.output.generated_ids[seq.read_upto :]
@@ -78,6 +115,7 @@ class GenerationHandle:
 
     def read_all(self) -> list[GenerationOutput]:
         """Every sequence's whole output (complete once the status is not RUNNING)."""
+        self._sync()
         return [s.output for s in self._seqs]
 
     def stop(self) -> None:
@@ -132,13 +170,14 @@ class ContinuousBatchingPipeline:
                 "ContinuousBatchingPipeline runs on the paged path (device CPU, "
                 "attention_backend 'pa'); the static-shape path runs one sequence at a time"
             )
+        if self.pipeline._assisted.mode is not None:
+            raise ValueError(
+                "ContinuousBatchingPipeline does not run speculative decoding (draft_model, "
+                "prompt_lookup): use LLMPipeline, which runs it one sequence at a time"
+            )
         self.runner = runner
-        self.engine = BatchEngine(runner, self.pipeline.config.max_num_seqs)
-        trained = self.pipeline.trained_context
-        self.driver = BatchDriver(
-            self.engine, self.pipeline.tokenizer, trained[0] if trained else None
-        )
-        self._handles: dict[int, tuple[GenerationHandle, _Sequence]] = {}
+        assert self.pipeline._session is not None
+        self.session = self.pipeline._session  # the pipeline's own: its calls join it too
         self._request_ids = itertools.count(1 << 40)  # generate()'s own requests
 
     # -- genai's accessors -----------------------------------------------------------------------
@@ -149,7 +188,7 @@ class ContinuousBatchingPipeline:
         return self.pipeline.get_generation_config()
 
     def has_non_finished_requests(self) -> bool:
-        return self.engine.busy
+        return self.session.busy
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request_id: int, prompt: Any, generation_config: Any) -> GenerationHandle:
@@ -157,63 +196,38 @@ class ContinuousBatchingPipeline:
         ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
         pipe = self.pipeline
         config = pipe._call_config(generation_config, {})
-        if config.num_beams > 1:
-            raise ValueError(
-                "num_beams > 1 is not supported by ContinuousBatchingPipeline yet: beam search "
-                "runs its own steps; use LLMPipeline.generate"
-            )
         if isinstance(prompt, ov.Tensor):
             ids = np.asarray(prompt.data, np.int64).reshape(-1)
         elif isinstance(prompt, str):
             ids = pipe._encoder.ids(Prompt(text=prompt), config.apply_chat_template)
         else:
             raise ValueError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
-        if not self.engine.busy and not pipe._kv_room_given:
-            # room for as many requests of this one's size as may run at once
-            tokens = ids.size + (config.new_token_budget(ids.size) or self.runner.capacity)
-            self.runner.release()
-            self.runner.fit_batch(self.engine.max_num_seqs, tokens)
         handle = GenerationHandle(int(request_id), self)
         factory = pipe._constraint(config)
-        for sample in range(config.num_return_sequences):
-            constraint = factory() if factory is not None else None
-            seq = _Sequence(self.driver.add(ids, config, sample, constraint))
-            handle._seqs.append(seq)
-            self._handles[seq.engine_handle] = (handle, seq)
+        beams = config.num_beams > 1
+        if beams:
+            check_beam_request(config, None, factory)
+        sequences = [
+            SequenceRequest(ids, config, sample, factory() if factory is not None else None)
+            for sample in range(1 if beams else config.num_return_sequences)
+        ]
+        # when the batch starts, its pools are sized for as many requests of this one's size
+        # as may run at once
+        self.session.add(sequences, handle._ticket, at_once=self.session.engine.max_num_seqs)
+        handle._seqs = [_Sequence(h) for h in handle._ticket.handles]
         return handle
 
     def step(self) -> None:
         """One batched model call over every live sequence; their handles grow."""
-        if not self.engine.busy:
-            return
-        with self.pipeline._exclusive():
-            tokens, done = self.driver.step()
-        for engine_handle, token in tokens.items():
-            self._handles[engine_handle][1].output.generated_ids.append(token)
-        for engine_handle, result in done.items():
-            self._finish(*self._handles.pop(engine_handle), result)
-
-    def _finish(self, handle: GenerationHandle, seq: _Sequence, result: GenerationResult) -> None:
-        seq.result = result
-        reasons = openvino_genai.GenerationFinishReason
-        seq.output = GenerationOutput(
-            list(result.tokens),
-            list(result.logprobs),
-            result.score,
-            reasons.STOP if result.finish_reason == "stop" else reasons.LENGTH,
-        )
-        if all(s.result is not None for s in handle._seqs):
-            handle._status = Status.FINISHED
+        self.session.step()
 
     def _end(self, handle: GenerationHandle, status: Any) -> None:
         """Stop or cancel ``handle``'s request: its sequences leave the engine now."""
         if handle._status != Status.RUNNING:
             return
-        for seq in handle._seqs:
-            if seq.engine_handle in self._handles:
-                self.driver.drop(seq.engine_handle)
-                del self._handles[seq.engine_handle]
-            if status == Status.CANCEL:
+        self.session.drop([s.engine_handle for s in handle._seqs if s.result is None])
+        if status == Status.CANCEL:
+            for seq in handle._seqs:
                 seq.output = GenerationOutput()
         handle._status = status
 
@@ -237,10 +251,14 @@ class ContinuousBatchingPipeline:
                 f"{len(prompts)} prompts but {len(configs)} generation configs: give one per "
                 "prompt, or one for all"
             )
-        handles = [
-            self.add_request(next(self._request_ids), p, c)
-            for p, c in zip(prompts, configs, strict=True)
-        ]
+        handles: list[GenerationHandle] = []
+        try:
+            for p, c in zip(prompts, configs, strict=True):
+                handles.append(self.add_request(next(self._request_ids), p, c))
+        except BaseException:
+            for handle in handles:  # the call fails whole: the requests it added end too
+                handle.cancel()
+            raise
         while any(h.get_status() == Status.RUNNING for h in handles):
             self.step()
         out = []

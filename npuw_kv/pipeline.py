@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast, overload
+from typing import Any, overload
 
 import numpy as np
 import openvino as ov
@@ -24,25 +24,23 @@ import openvino_genai
 
 from .api.chat_history import fit_history
 from .api.chat_prefix import system_prompt_tokens
-from .api.encoding import PromptEncoder, check_text
+from .api.encoding import PromptEncoder, check_text, load_tokenizer
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import Prompt, check_request, read_inputs
 from .api.perf_metrics import CallTimer
 from .api.pipeline_args import model_directory, pipeline_args, scheduler_settings
-from .api.results import DecodedResults, EncodedResults, TextResult
+from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
-from .errors import CapacityError, ModelLoadError, last_line
 from .generation import speculative
-from .generation.batch import BatchTimes, generate_batch
-from .generation.beam_search import beam_search
+from .generation.beam_search import check_beam_request
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
+from .generation.session import BatchSession, SequenceRequest, Ticket
 from .model.source import read_ir, trained_context
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
-from .runtime.paged.batch import BatchEngine
 from .runtime.paged.runner import PagedRunner
 from .runtime.runner import Runner
 
@@ -89,7 +87,7 @@ class LLMPipeline:
             ir = read_ir(self.core, model_dir)
             # before compiling: a broken tokenizer should not cost a compile first
             self.tokenizer = (
-                self._load_tokenizer(model_dir) if given.tokenizer is None else given.tokenizer
+                load_tokenizer(model_dir) if given.tokenizer is None else given.tokenizer
             )
             built = build_runner(self.core, model_dir, ir, self.config, kv_capacity, settings)
             del ir  # the device holds its own copy of the graph now
@@ -106,19 +104,22 @@ class LLMPipeline:
             PipelineConfig.setting_name(key) for key in settings if key != "compile_properties"
         }
         self.batch_stats: dict[str, int] = {}  # the last batched call's steps (kv_stats)
+        # the paged path's running batch, which calls from several threads join
+        self._session = (
+            BatchSession(
+                self.runner,
+                self.tokenizer,
+                self.config.max_num_seqs,
+                self.trained_context[0] if self.trained_context else None,
+                fit_pools=not self._kv_room_given,
+            )
+            if isinstance(self.runner, PagedRunner)
+            else None
+        )
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
         self.load_time = 1000.0 * (time.perf_counter() - started)  # ms, as genai's
-
-    @staticmethod
-    def _load_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer:
-        try:
-            return openvino_genai.Tokenizer(str(model_dir))
-        except RuntimeError as exc:
-            raise ModelLoadError(
-                f"cannot load the tokenizer IRs in {model_dir} ({last_line(exc)})"
-            ) from exc
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -222,8 +223,9 @@ class LLMPipeline:
         ``ChatHistory`` or a list of messages ``DecodedResults``; an ``ov.Tensor`` or
         ``TokenizedInputs`` (a batch: one prompt per row, padding dropped by the attention
         mask) ``EncodedResults``; token ids as a list or array our ``GenerationResult``.
-        Prompts of a batch run one after another.  ``generation_config`` is ours, genai's or a
-        dict; keyword arguments (genai's names) override it.
+        On the paged path a call's prompts, and the calls of other threads, run together in
+        batched steps (the static path runs them one after another).  ``generation_config``
+        is ours, genai's or a dict; keyword arguments (genai's names) override it.
 
         In chat mode (after :meth:`start_chat`) a text input is a user turn: the history goes
         through the model's chat template and the answer is appended to the history (unless the
@@ -241,106 +243,118 @@ class LLMPipeline:
                 parsing.reset()
             chat = self._history is not None and request.kind in ("text", "texts")
             detokenizer = None if request.kind in ("ids", "encoded") else self.tokenizer
-            limit = self.trained_context[0] if self.trained_context else None
-            results: list[GenerationResult] = []
-            batched = self._batched(request.prompts, config)
-            if batched:
-                results = self._generate_batch(request.prompts, config, chat, timer, detokenizer)
-            for prompt in [] if batched else request.prompts:
-                started = timer.now()
-                history = self._history if chat else None
-                ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
-                timer.inputs += int(ids.size)
-                # a chat's system prompt: its KV cached longest (PagedAttention's priorities)
-                if prompt.ids is None:
-                    messages = self._history if chat else prompt.messages
-                    self.runner.hold_prefix(system_prompt_tokens(self.tokenizer, messages, ids))
-                runner = timer.runner(self._assisted.runner(self.runner, config))
-                search = beam_search if config.num_beams > 1 else generate_sequences
-                answers = search(
-                    runner,
-                    self.tokenizer,
-                    ids,
-                    config,
-                    streamer=streamer,
-                    position_limit=limit,
-                    make_constraint=self._constraint(config),
+            session = self._session if self._batchable(config) else None
+            if session is None:
+                if self._session is not None:
+                    self._session.wait_idle()  # other threads' batched calls end first
+                results = self._run_alone(
+                    request.prompts, config, streamer, chat, timer, detokenizer
                 )
-                self._assisted.finish()  # speculative decoding: drop unused candidates' KV
-                timer.prompt_done(runner, started, answers, detokenizer)
-                results += answers
+            else:
+                sequences = self._sequences(request.prompts, config, streamer, chat, timer)
+                ticket = session.add(sequences)
+                if chat:  # the history is this call's until its answer is in it
+                    results = self._batch_results(session, ticket, timer, detokenizer)
             if chat and self._history is not None and results[0].finish_reason != "cancelled":
                 self._history += [
                     {"role": "user", "content": str(request.prompts[0].text)},
                     {"role": "assistant", "content": results[0].text},
                 ]
-            metrics = timer.metrics()
-            extended = self._assisted.extended_metrics(metrics)  # a draft model's, as genai
-            if request.kind == "ids":
-                return results[0]
-            if request.kind == "encoded":
-                return EncodedResults(results, metrics, extended)
-            if request.kind == "text" and len(results) == 1:
-                return TextResult.of(results[0], metrics)
-            decoded = DecodedResults(results, metrics, extended)
-            if parsing is not None:  # as genai: the message its parsers built from the answer
-                decoded.parsed = [parsing.get_parsed_message()]
-            return decoded
+        if session is not None and not chat:  # steps shared with other threads' calls
+            results = self._batch_results(session, ticket, timer, detokenizer)
+        metrics = timer.metrics()
+        extended = self._assisted.extended_metrics(metrics)  # a draft model's, as genai
+        return shape_results(request.kind, results, metrics, extended, parsing)
 
-    def _batched(self, prompts: Sequence[Prompt], config: GenerationConfig) -> bool:
-        """Whether this call's sequences run together in batched steps: several of them (a
-        list of prompts, ``num_return_sequences``), on the paged path, without beam search or
-        speculative decoding (each of those runs its own steps)."""
-        return (
-            isinstance(self.runner, PagedRunner)
-            and len(prompts) * config.num_return_sequences > 1
-            and config.num_beams == 1
-            and self._assisted.mode is None
-        )
+    def _batchable(self, config: GenerationConfig) -> bool:
+        """Whether this call's sequences run in the paged path's shared batch (joining other
+        threads' calls): all but speculative decoding, which runs its own steps, and the
+        static-shape path, which runs one sequence at a time."""
+        return self._session is not None and self._assisted.mode is None
 
-    def _generate_batch(
+    def _sequences(
         self,
         prompts: Sequence[Prompt],
         config: GenerationConfig,
+        streamer: Streamer | None,
+        chat: bool,
+        timer: CallTimer,
+    ) -> list[SequenceRequest]:
+        """Each prompt's ``num_return_sequences`` sequences (or its beam search) for the batch
+        session; a chat's system prompt held at a raised priority, as on the lone path."""
+        history = self._history if chat else None
+        factory = self._constraint(config)  # structured output: one constraint per sequence
+        beams = config.num_beams > 1
+        if beams:
+            check_beam_request(config, streamer, factory)
+        out = []
+        for prompt in prompts:
+            ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
+            timer.inputs += int(ids.size)
+            held = 0
+            if prompt.ids is None:
+                messages = self._history if chat else prompt.messages
+                held = system_prompt_tokens(self.tokenizer, messages, ids)
+            for sample in range(1 if beams else config.num_return_sequences):
+                constraint = factory() if factory is not None else None
+                out.append(SequenceRequest(ids, config, sample, constraint, streamer, held))
+        return out
+
+    def _batch_results(
+        self, session: BatchSession, ticket: Ticket, timer: CallTimer, detokenizer: Any
+    ) -> list[GenerationResult]:
+        """Wait for the ticket's sequences; account the steps they ran in."""
+        requests = session.wait(ticket)
+        timer.batch_done(ticket.times, requests, detokenizer)
+        self.batch_stats = {
+            "batch_steps": len(ticket.times.ends),
+            "batch_peak_sequences": max(ticket.times.sizes, default=0),
+            "batch_preemptions": ticket.times.preemptions,
+        }
+        return [r for results in requests for r in results]
+
+    def _run_alone(
+        self,
+        prompts: Sequence[Prompt],
+        config: GenerationConfig,
+        streamer: Streamer | None,
         chat: bool,
         timer: CallTimer,
         detokenizer: Any,
     ) -> list[GenerationResult]:
-        """The prompts' sequences in one batch engine (:mod:`.generation.batch`); the KV
-        pools grow to hold the sequences that run at once unless their room was set
-        (``prefix_cache_tokens`` / ``num_kv_blocks``), where the engine preempts instead."""
-        runner = cast(PagedRunner, self.runner)
-        history = self._history if chat else None
-        ids = [self._encoder.ids(p, config.apply_chat_template, history, timer) for p in prompts]
-        timer.inputs += sum(int(i.size) for i in ids)
-        for i in ids:
-            if i.size > runner.max_prompt_len:
-                raise CapacityError.prompt(int(i.size), runner.max_prompt_len)
-        longest = max(
-            i.size + (config.new_token_budget(int(i.size)) or runner.capacity) for i in ids
-        )
-        at_once = min(self.config.max_num_seqs, len(ids) * config.num_return_sequences)
-        if not self._kv_room_given:
-            runner.fit_batch(at_once, longest)
-        engine = BatchEngine(runner, self.config.max_num_seqs)
-        times = BatchTimes()
-        factory = self._constraint(config)  # structured output: one constraint per sequence
-        nested = generate_batch(
-            engine,
-            self.tokenizer,
-            ids,
-            [config] * len(ids),
-            self.trained_context[0] if self.trained_context else None,
-            (lambda _: factory()) if factory is not None else None,
-            times,
-        )
-        timer.batch_done(times, [r for rs in nested for r in rs], detokenizer)
-        self.batch_stats = {
-            "batch_steps": engine.steps,
-            "batch_peak_sequences": engine.peak_batch,
-            "batch_preemptions": engine.preemptions,
-        }
-        return [r for rs in nested for r in rs]
+        """The prompts one after another on the runner alone (speculative decoding, the
+        static-shape path)."""
+        if config.num_beams > 1:
+            raise ValueError(
+                "num_beams > 1 needs the PagedAttention path (the CPU default, "
+                "attention_backend='pa') without speculative decoding; the static-shape path "
+                "(NPU, attention_backend='sdpa') runs one sequence per call"
+            )
+        limit = self.trained_context[0] if self.trained_context else None
+        results: list[GenerationResult] = []
+        for prompt in prompts:
+            started = timer.now()
+            history = self._history if chat else None
+            ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
+            timer.inputs += int(ids.size)
+            # a chat's system prompt: its KV cached longest (PagedAttention's priorities)
+            if prompt.ids is None:
+                messages = self._history if chat else prompt.messages
+                self.runner.hold_prefix(system_prompt_tokens(self.tokenizer, messages, ids))
+            runner = timer.runner(self._assisted.runner(self.runner, config))
+            answers = generate_sequences(
+                runner,
+                self.tokenizer,
+                ids,
+                config,
+                streamer=streamer,
+                position_limit=limit,
+                make_constraint=self._constraint(config),
+            )
+            self._assisted.finish()  # speculative decoding: drop unused candidates' KV
+            timer.prompt_done(runner, started, answers, detokenizer)
+            results += answers
+        return results
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """``pipe(inputs, ...)`` is ``pipe.generate(inputs, ...)``, as in openvino-genai."""
@@ -367,8 +381,11 @@ class LLMPipeline:
 
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:
-        """KV memory and host-copy accounting of the last request."""
-        return {**self.runner.stats(), **self._assisted.stats(), **self.batch_stats}
+        """KV memory and host-copy accounting of the last request; ``max_live_sequences``:
+        how many sequences run at once (the paged path's ``max_num_seqs``; the static-shape
+        path runs one at a time)."""
+        live = {"max_live_sequences": self.config.max_num_seqs if self._session else 1}
+        return {**self.runner.stats(), **self._assisted.stats(), **self.batch_stats, **live}
 
     def set_kv_window_shares(self, shares: Any) -> None:
         """PagedAttention: split the prefix-cache room and host tier between the window
@@ -380,5 +397,7 @@ class LLMPipeline:
                     f"{label('kv_window_shares')} applies to attention_backend='pa'; this "
                     "pipeline runs the static-shape path, which has no window pools"
                 )
+            assert self._session is not None
+            self._session.wait_idle()  # the pools are allocated anew
             text = self.runner.set_window_shares(shares, label("kv_window_shares"))
             self.config = replace(self.config, kv_window_shares=text)

@@ -201,3 +201,55 @@ def test_generate_takes_one_config_per_prompt(cb_pipe, f32_pipe, text_ids):
     assert [r.m_generation_ids[0] for r in results] == want
     with pytest.raises(ValueError, match="one per prompt"):
         cb_pipe.generate(texts, configs[:1] * 3)
+
+
+def test_eight_threads_join_one_batch_and_failures_stay_their_own(smol_dir, text_ids):
+    """Calls from eight threads at once share steps (no lock queues them); each gets the
+    tokens it gets alone.  A too-long prompt and a streamer that raises fail their own call
+    only, and the pipeline serves the next call."""
+    import threading
+
+    pipe = make_pipe(smol_dir, "CPU", **PA_F32)
+    rng = random.Random(3)
+    prompts = _prompts(text_ids, [rng.randint(5, 300) for _ in range(8)])
+    budgets = [rng.randint(4, 24) for _ in prompts]
+    want = [_alone(pipe, p, n) for p, n in zip(prompts, budgets, strict=True)]
+    start = threading.Barrier(10)
+    got: dict[int, list[int]] = {}
+    errors: dict[str, BaseException] = {}
+
+    def call(i: int) -> None:
+        start.wait()
+        ids = [int(t) for t in prompts[i]]
+        got[i] = list(pipe.generate(ids, max_new_tokens=budgets[i], ignore_eos=True).tokens)
+
+    def too_long() -> None:
+        start.wait()
+        try:
+            pipe.generate([1] * (pipe.runner.max_prompt_len + 1), max_new_tokens=3)
+        except ValueError as exc:
+            errors["long"] = exc
+
+    def raising_streamer() -> None:
+        def stream(_: str) -> None:
+            raise KeyError("streamer broke")
+
+        start.wait()
+        try:
+            pipe.generate(text_ids(40), max_new_tokens=20, ignore_eos=True, streamer=stream)
+        except KeyError as exc:
+            errors["streamer"] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    threads += [threading.Thread(target=too_long), threading.Thread(target=raising_streamer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    assert got == dict(enumerate(want))
+    assert "MAX_PROMPT_LEN" in str(errors["long"]) and "streamer broke" in str(errors["streamer"])
+    session = pipe._session
+    assert session is not None and session.engine.peak_batch > 1  # they ran together
+    assert not session.busy and not pipe.runner.blocks.sequence_ids
+    assert _alone(pipe, prompts[0], 5) == want[0][:5]

@@ -99,8 +99,8 @@ def test_a_batch_of_prompts_gives_each_its_beams(f32_pipe, genai_f32_pipe):
 
 def test_beam_steps_are_timed_as_genai_counts_them(f32_pipe, genai_f32_pipe):
     """PerfMetrics of beam search: one generated token per step (all beams', as genai counts
-    it, the prefill's first included), a TPOT value per step after the first, one TTFT per
-    prompt; the counts equal genai's for the same sequences."""
+    it, the prefill's first included), one TTFT per prompt; the counts equal genai's for the
+    same sequences.  The two prompts' beams run in the same steps (a TPOT value per step)."""
     prompts = ["What is 2+2? Answer with one digit.", "Hi"]
     config = GenerationConfig.build(
         f32_pipe.get_generation_config(), num_beams=4, num_return_sequences=4, max_new_tokens=12
@@ -113,8 +113,9 @@ def test_beam_steps_are_timed_as_genai_counts_them(f32_pipe, genai_f32_pipe):
     assert metrics.get_num_generated_tokens() == steps
     assert steps < sum(len(r.tokens) for r in ours.results)
     assert len(raw.m_times_to_first_token) == 2
-    assert len(raw.m_durations) == steps - 2  # per prompt: every step after its first
-    assert len(raw.token_infer_durations) == steps  # the prefills and every beam step
+    calls = len(raw.token_infer_durations)
+    assert calls < steps and max(raw.m_batch_sizes) > 4  # both prompts' beams in one call
+    assert len(raw.m_durations) == calls - 1
     assert metrics.get_tpot().mean > 0 and metrics.get_ttft().mean > 0
     assert metrics.get_throughput().mean == pytest.approx(1000 / metrics.get_tpot().mean)
     assert sum(raw.m_durations) < raw.generate_durations[0]

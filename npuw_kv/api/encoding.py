@@ -10,16 +10,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import openvino_genai
 
-from ..errors import last_line
+from ..errors import ModelLoadError, last_line
 from .inputs import Prompt
 from .perf_metrics import CallTimer
 
 T = TypeVar("T")
+
+
+def load_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer:
+    """openvino-genai's tokenizer of a model directory; IRs that do not load raise a
+    ``ModelLoadError`` naming the directory."""
+    try:
+        return openvino_genai.Tokenizer(str(model_dir))
+    except RuntimeError as exc:
+        raise ModelLoadError(
+            f"cannot load the tokenizer IRs in {model_dir} ({last_line(exc)})"
+        ) from exc
 
 
 def _ids(encoded: Any) -> np.ndarray:

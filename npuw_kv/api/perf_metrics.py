@@ -241,21 +241,29 @@ class CallTimer:
             if not beams:
                 self.generated += len(result.tokens)
 
-    def batch_done(self, times: Any, results: Sequence[GenerationResult], tokenizer: Any) -> None:
-        """Account a batched run (:func:`npuw_kv.generation.batch.generate_batch`): each step
-        once, however many sequences it ran; each result's time to first token from its
-        submission (it may have waited for room)."""
+    def batch_done(
+        self, times: Any, requests: Sequence[Sequence[GenerationResult]], tokenizer: Any
+    ) -> None:
+        """Account a call's requests run in a batch (:mod:`npuw_kv.generation.session`), each
+        a sequence's result or a beam search's results: each step they ran in once, however
+        many sequences it ran; each request's time to first token from its submission (it
+        may have waited for room); beam search's generated tokens as genai counts them, one
+        per step (all its beams')."""
         raw = self.raw
         raw.token_infer_durations.extend(times.durations)
         raw.m_new_token_times.extend(times.ends)
         raw.m_batch_sizes.extend(times.sizes)
         raw.m_durations.extend(np.diff(times.ends).tolist())
-        for result in results:
-            raw.m_times_to_first_token.append(1e6 * result.ttft_s)
-            if tokenizer is not None:
-                with self.span("detokenization_durations"):
-                    tokenizer.decode(result.tokens)
-            self.generated += len(result.tokens)
+        for results in requests:
+            if results:
+                raw.m_times_to_first_token.append(1e6 * results[0].ttft_s)
+            for result in results:
+                if tokenizer is not None:
+                    with self.span("detokenization_durations"):
+                        tokenizer.decode(result.tokens)
+                if not times.beam_steps:
+                    self.generated += len(result.tokens)
+        self.generated += times.beam_steps
 
     def metrics(self) -> PerfMetrics:
         self.raw.generate_durations.append(now_us() - self.start)

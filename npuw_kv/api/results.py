@@ -110,3 +110,25 @@ class EncodedResults(_Results):
 
     def __repr__(self) -> str:
         return f"EncodedResults(tokens={self.tokens!r})"
+
+
+def shape_results(
+    kind: str,
+    results: list[GenerationResult],
+    metrics: PerfMetrics,
+    extended: Any,
+    parsing: Any = None,
+) -> TextResult | DecodedResults | EncodedResults | GenerationResult:
+    """What genai returns for a request of ``kind`` (``api.inputs``): token ids give our
+    result, tensors ``EncodedResults``, one text a ``TextResult``, the rest
+    ``DecodedResults`` (with a ``TextParserStreamer``'s parsed message)."""
+    if kind == "ids":
+        return results[0]
+    if kind == "encoded":
+        return EncodedResults(results, metrics, extended)
+    if kind == "text" and len(results) == 1:
+        return TextResult.of(results[0], metrics)
+    decoded = DecodedResults(results, metrics, extended)
+    if parsing is not None:  # as genai: the message its parsers built from the answer
+        decoded.parsed = [parsing.get_parsed_message()]
+    return decoded

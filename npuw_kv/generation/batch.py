@@ -14,6 +14,7 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..runtime.paged.batch import BatchEngine
+from .beam_search import BeamJob
 from .decode import decode_loop, sample_rng
 from .logits_process import LogitsConstraint
 
@@ -22,28 +23,44 @@ Loop = Generator[int | None, np.ndarray, GenerationResult]
 
 @dataclass
 class BatchTimes:
-    """What the steps of one batched run took: each step's end and duration (µs) and how many
-    sequences it ran, for the call's PerfMetrics."""
+    """What the steps one call's sequences ran in took: each step's end and duration (µs),
+    how many sequences it ran, and how often the call's sequences were preempted, for the
+    call's PerfMetrics and kv_stats."""
 
     ends: list[float] = field(default_factory=list)
     durations: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    beam_steps: int = 0  # beam search: its steps, counted as genai counts generated tokens
+
+
+Outcome = GenerationResult | list[GenerationResult] | Exception
+"""A finished request: a sequence's result (a beam search's results), or the error that ended
+it alone (its streamer raised, a sampling setting failed) or ended every request of the step
+(the model call failed)."""
 
 
 class BatchDriver:
     """Token loops whose logits come from one batch engine's steps: each added sample is a
-    :func:`~.decode.decode_loop` and a sequence of the engine, fed the token its loop chose."""
+    :func:`~.decode.decode_loop` and a sequence of the engine, fed the token its loop chose.
+    An error in one loop ends that sequence only."""
 
     def __init__(
-        self,
-        engine: BatchEngine,
-        tokenizer: Any,
-        position_limit: int | None = None,
-        times: BatchTimes | None = None,
+        self, engine: BatchEngine, tokenizer: Any, position_limit: int | None = None
     ) -> None:
         self.engine, self.tokenizer = engine, tokenizer
-        self.position_limit, self.times = position_limit, times
+        self.position_limit = position_limit
         self.loops: dict[int, Loop] = {}  # engine handle -> its sequence's loop
+        self.times: dict[int, BatchTimes] = {}  # loop's or beam search's handle -> its times
+        self.jobs: dict[int, BeamJob] = {}  # beam search's handle (its root) -> the search
+        self.beams: dict[int, BeamJob] = {}  # live beam's engine handle -> its search
+
+    @property
+    def running(self) -> bool:
+        return bool(self.loops or self.jobs)
+
+    def __contains__(self, handle: int) -> bool:
+        return handle in self.loops or handle in self.jobs
 
     def add(
         self,
@@ -51,41 +68,90 @@ class BatchDriver:
         config: GenerationConfig,
         sample: int,
         constraint: LogitsConstraint | None = None,
+        streamer: Any = None,
+        held: int = 0,
+        times: BatchTimes | None = None,
     ) -> int:
         """Sample ``sample`` of prompt ``ids`` (its own random generator,
-        :func:`~.decode.sample_rng`); its engine handle."""
-        handle = self.engine.submit([int(t) for t in ids.reshape(-1)])
+        :func:`~.decode.sample_rng`), its text streamed to ``streamer``, its first ``held``
+        tokens kept cached at a chat system prompt's priority; its engine handle."""
+        handle = self.engine.submit([int(t) for t in ids.reshape(-1)], held)
         loop = decode_loop(
             self.tokenizer,
             ids,
             config,
-            None,
+            streamer,
             lambda: self.engine.remaining(handle),
             self.position_limit,
             constraint,
             sample_rng(config.rng_seed, sample),
         )
-        next(loop)
+        try:
+            next(loop)
+        except BaseException:
+            self.engine.finish(handle)
+            raise
         self.loops[handle] = loop
+        if times is not None:
+            self.times[handle] = times
         return handle
 
-    def step(self) -> tuple[dict[int, int], dict[int, GenerationResult]]:
-        """One engine step: the token each sequence chose (and was fed), and the results of
-        those that finished (their blocks given back)."""
+    def add_beams(
+        self, ids: np.ndarray, config: GenerationConfig, times: BatchTimes | None = None
+    ) -> int:
+        """A beam search over prompt ``ids`` (:class:`~.beam_search.BeamJob`); its handle,
+        under which its results come."""
+        job = BeamJob(self.engine, self.tokenizer, ids, config, self.position_limit)
+        self.jobs[job.root] = job
+        self.beams[job.root] = job
+        if times is not None:
+            self.times[job.root] = times
+        return job.root
+
+    def step(self) -> tuple[dict[int, int], dict[int, Outcome]]:
+        """One engine step: the token each sequence chose (and was fed), and the outcomes of
+        those that finished (their blocks given back).  If the model call fails, every
+        sequence ends with its error."""
         start = time.perf_counter() * 1e6
-        ready = self.engine.step()
+        try:
+            ready = self.engine.step()
+        except Exception as exc:
+            failed: dict[int, Outcome] = dict.fromkeys([*self.loops, *self.jobs], exc)
+            self.close()
+            return {}, failed
+        except BaseException:
+            self.close()
+            raise
         end = time.perf_counter() * 1e6
-        if self.times is not None:
-            self.times.ends.append(end)
-            self.times.durations.append(end - start)
-            self.times.sizes.append(len(ready))
+        owners = [self.beams[h].root if h in self.beams else h for h in ready]
+        for times in {id(self.times[h]): self.times[h] for h in owners if h in self.times}.values():
+            times.ends.append(end)
+            times.durations.append(end - start)
+            times.sizes.append(len(ready))
         tokens: dict[int, int] = {}
-        done: dict[int, GenerationResult] = {}
+        done: dict[int, Outcome] = {}
         for handle, logits in ready.items():
+            if handle in self.beams:
+                job = self.beams[handle]
+                results: list[GenerationResult] | Exception | None
+                try:
+                    results = job.take(handle, logits)
+                except Exception as exc:  # noqa: BLE001 - this search only
+                    results = exc
+                if results is not None:
+                    done[job.root] = results
+                    self.drop(job.root)
+                else:
+                    self._track(job)
+                continue
             try:
                 token = self.loops[handle].send(logits)
             except StopIteration as stop:
                 done[handle] = stop.value
+                self.drop(handle)
+                continue
+            except Exception as exc:  # its streamer or its settings: this sequence only
+                done[handle] = exc
                 self.drop(handle)
                 continue
             assert token is not None
@@ -93,14 +159,34 @@ class BatchDriver:
             self.engine.feed(handle, token)
         return tokens, done
 
+    def _track(self, job: BeamJob) -> None:
+        """Map the search's live beams (some forked, some ended this step) to it."""
+        for handle in [h for h, j in self.beams.items() if j is job and h not in job.live]:
+            del self.beams[handle]
+        self.beams.update(dict.fromkeys(job.live, job))
+
     def drop(self, handle: int) -> None:
-        """End a sequence now (finished, stopped or cancelled): its blocks go back."""
+        """End a request now (finished, stopped, cancelled or failed): its blocks go back."""
+        times = self.times.pop(handle, None)
+        job = self.jobs.pop(handle, None)
+        if job is not None:
+            if times is not None:
+                times.beam_steps += job.steps
+                times.preemptions += sum(self.engine.live[h].preemptions for h in job.live)
+            job.close()
+            for beam in [h for h, j in self.beams.items() if j is job]:
+                del self.beams[beam]
+            self.engine.runner.beam_peak_blocks = job.peak_blocks
+            self.engine.runner.beam_copied_bytes = job.copied_bytes
+            return
+        if times is not None:
+            times.preemptions += self.engine.live[handle].preemptions
         self.loops.pop(handle).close()
         self.engine.finish(handle)
 
     def close(self) -> None:
-        """End every sequence still running (after an error)."""
-        for handle in list(self.loops):
+        """End every request still running (after an error)."""
+        for handle in [*self.loops, *self.jobs]:
             self.drop(handle)
 
 
@@ -114,21 +200,31 @@ def generate_batch(
     times: BatchTimes | None = None,
 ) -> list[list[GenerationResult]]:
     """Each prompt's ``num_return_sequences`` results, the prompt's config applied to it; all
-    sequences run in the engine's steps together.  Each sample has its own random generator
-    (:func:`~.decode.sample_rng`), so the samples equal those run one after another."""
-    driver = BatchDriver(engine, tokenizer, position_limit, times)
+    sequences (and beam searches) run in the engine's steps together.  Each sample has its own
+    random generator (:func:`~.decode.sample_rng`), so the samples equal those run one after
+    another."""
+    driver = BatchDriver(engine, tokenizer, position_limit)
     slot: dict[int, tuple[int, int]] = {}  # engine handle -> (prompt, sample)
-    results: list[list[GenerationResult | None]] = []
+    results: list[list[GenerationResult]] = []
     try:
         for index, (ids, config) in enumerate(zip(prompts, configs, strict=True)):
-            results.append([None] * config.num_return_sequences)
+            results.append([])
+            if config.num_beams > 1:
+                slot[driver.add_beams(ids, config, times)] = (index, 0)
+                continue
             for sample in range(config.num_return_sequences):
                 constraint = make_constraint(config) if make_constraint is not None else None
-                slot[driver.add(ids, config, sample, constraint)] = (index, sample)
-        while driver.loops:
-            for handle, result in driver.step()[1].items():
-                prompt, sample = slot[handle]
-                results[prompt][sample] = result
+                handle = driver.add(ids, config, sample, constraint, times=times)
+                slot[handle] = (index, sample)
+        outcomes: dict[tuple[int, int], Outcome] = {}
+        while driver.running:
+            for handle, outcome in driver.step()[1].items():
+                if isinstance(outcome, Exception):
+                    raise outcome
+                outcomes[slot[handle]] = outcome
     finally:
         driver.close()
-    return [[r for r in rs if r is not None] for rs in results]
+    for (prompt, _), outcome in sorted(outcomes.items(), key=lambda kv: kv[0]):
+        assert not isinstance(outcome, Exception)
+        results[prompt] += outcome if isinstance(outcome, list) else [outcome]
+    return results

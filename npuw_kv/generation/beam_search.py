@@ -16,13 +16,13 @@
   is finished (``length``).  The results are all groups' finished hypotheses, best first by
   score, ``num_return_sequences`` of them.
 
-The beams' KV lives in the paged cache, shared between beams (:mod:`.runtime.beam_tables`).
+The beams run as sequences of the paged path's batch engine (:class:`BeamJob`), beside other
+requests; their KV is shared between them by the block manager's fork.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +30,7 @@ import numpy as np
 
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
-from ..api.perf_metrics import TimedRunner
-from ..runtime.paged.beam_tables import BeamCache, beam_runner
+from ..runtime.paged.batch import BatchEngine
 from .logits_process import banned_ngram_ends
 from .stopping import StopStrings
 
@@ -42,7 +41,7 @@ _F32 = np.float32
 class Beam:
     """A running beam: its cache sequence, tokens and per-token log-probs (as scored)."""
 
-    seq: Hashable
+    seq: int  # its sequence of the batch engine
     tokens: list[int]
     logprobs: list[np.float32]
     score: np.float32  # cumulative log-prob, float32 as genai sums it
@@ -94,7 +93,7 @@ class GroupBeamSearch:
         self,
         config: GenerationConfig,
         prompt: list[int],
-        root: Hashable,
+        root: int,
         budget: int | None,
         stops: StopStrings,
     ) -> None:
@@ -120,7 +119,7 @@ class GroupBeamSearch:
     def running(self) -> list[Beam]:
         return [b for g in self.groups if not g.done for b in g.beams]
 
-    def select(self, rows: dict[Hashable, np.ndarray]) -> None:
+    def select(self, rows: dict[int, np.ndarray]) -> None:
         """One step: ``rows`` maps each running beam's sequence to its logits row."""
         cfg, size = self.config, self.size
         children: dict[int, list[Candidate]] = {}
@@ -232,70 +231,108 @@ class GroupBeamSearch:
         return float(_per_length(total, len(hyp.logprobs), self.config.length_penalty))
 
 
-def beam_search(
-    runner: Any,
-    tokenizer: Any,
-    ids: np.ndarray,
-    config: GenerationConfig,
-    position_limit: int | None = None,
-    streamer: Any = None,
-    make_constraint: Any = None,
-) -> list[GenerationResult]:
-    """Beam search over ``ids``: the prompt is prefilled once, then every step runs all live
-    beams in one PagedAttention call.  ``num_return_sequences`` results, best first."""
+class BeamJob:
+    """One prompt's beam search driven by a batch engine's steps, beside other requests: the
+    prompt is prefilled once, then each step runs every live beam, one subsequence each.  A
+    beam that parts from another is the engine's fork of it (full blocks shared, the rest
+    copied); a beam with no child ends, its full blocks staying cached."""
+
+    def __init__(
+        self,
+        engine: BatchEngine,
+        tokenizer: Any,
+        ids: np.ndarray,
+        config: GenerationConfig,
+        position_limit: int | None = None,
+    ) -> None:
+        self.engine, self.ids = engine, ids
+        self.stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
+        self.budget = config.new_token_budget(int(ids.size))
+        capacity = engine.runner.capacity
+        self.room = min(capacity, position_limit or capacity) - int(ids.size)
+        prompt = [int(t) for t in ids.reshape(-1)]
+        self.root = engine.submit(prompt)
+        self.search = GroupBeamSearch(config, prompt, self.root, self.budget, self.stops)
+        self.live: set[int] = {self.root}  # engine handles of the beams being run
+        self.rows: dict[int, np.ndarray] = {}
+        self.steps = 0  # beam steps, as genai counts generated tokens for beam search
+        self.start = time.perf_counter()
+        self.ttft = 0.0
+        self.first_logits: np.ndarray | None = None
+        self.peak_blocks = self.copied_bytes = 0
+
+    def take(self, handle: int, logits: np.ndarray) -> list[GenerationResult] | None:
+        """A beam's logits; once every live beam has its own, one search step: the results
+        if the search is over (its beams ended), else None (the next beams fed)."""
+        self.rows[handle] = logits
+        if len(self.rows) < len(self.live):
+            return None
+        if self.first_logits is None:
+            self.first_logits, self.ttft = logits, time.perf_counter() - self.start
+        self.steps += 1
+        self.search.select(self.rows)
+        self.rows = {}
+        beams = self.search.running
+        generated = len(beams[0].tokens) if beams else 0
+        if beams and (self.budget is None or generated < self.budget) and generated < self.room:
+            self._advance(beams)
+            return None
+        if beams:
+            self.search.finalize()
+        self.close()
+        return self._results()
+
+    def _advance(self, beams: list[Beam]) -> None:
+        """Fork the parents with several children, end those with none, feed each beam."""
+        engine = self.engine
+        moved = engine.runner.memory.moved_bytes
+        handles: list[int] = []
+        for beam in beams:  # every fork before any feed: a child copies its parent as it was
+            handles.append(beam.seq if beam.seq not in handles else engine.fork(beam.seq))
+        self.copied_bytes += engine.runner.memory.moved_bytes - moved
+        for handle in self.live - set(handles):
+            engine.finish(handle)
+        for beam, handle in zip(beams, handles, strict=True):
+            beam.seq = handle
+            engine.feed(handle, beam.tokens[-1])
+        self.live = set(handles)
+        keys = [engine.live[h].key for h in handles if engine.live[h].admitted]
+        key = max(engine.runner.memory.plan.primary)  # full attention's pool, if any
+        held = {b for k in keys for b in engine.runner.blocks.block_table(k, key)}
+        self.peak_blocks = max(self.peak_blocks, len(held))
+
+    def close(self) -> None:
+        """End every beam still live (finished, or the request was dropped)."""
+        for handle in self.live:
+            if handle in self.engine.live:
+                self.engine.finish(handle)
+        self.live = set()
+
+    def _results(self) -> list[GenerationResult]:
+        decode_s = time.perf_counter() - self.start - self.ttft
+        results = []
+        for hyp in self.search.results():
+            text, kept = self.stops.cut(hyp.tokens)
+            results.append(
+                GenerationResult(
+                    hyp.tokens[:kept],
+                    text,
+                    hyp.finish,
+                    int(self.ids.size),
+                    self.ttft,
+                    decode_s,
+                    self.first_logits,
+                    [float(p) for p in hyp.logprobs[:kept]],
+                    [],
+                    self.search.score(hyp),
+                )
+            )
+        return results
+
+
+def check_beam_request(config: GenerationConfig, streamer: Any, constraint: Any) -> None:
+    """What beam search refuses, as genai does, before any work."""
     if streamer is not None:  # as genai: its streamer takes greedy / sampled tokens only
         raise ValueError(f"a streamer cannot follow beam search (num_beams={config.num_beams})")
-    if make_constraint is not None:
+    if constraint is not None:
         raise ValueError("structured output is not supported with num_beams > 1")
-    paged = beam_runner(runner)  # refuses the static-shape path before any work
-    timed = runner if isinstance(runner, TimedRunner) else None  # steps into PerfMetrics
-    if timed is not None:
-        timed.beam_steps = True
-    budget = config.new_token_budget(int(ids.size))
-    stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
-    start = time.perf_counter()
-    logits = runner.prefill(ids)
-    ttft = time.perf_counter() - start
-    cache = BeamCache(paged)
-    search = GroupBeamSearch(config, [int(t) for t in ids.reshape(-1)], cache.root, budget, stops)
-    rows = {cache.root: logits}
-    room = min(paged.capacity, position_limit or paged.capacity) - int(ids.size)
-    try:
-        while True:
-            search.select(rows)
-            beams = search.running
-            if not beams:
-                break
-            generated = len(beams[0].tokens)
-            if (budget is not None and generated >= budget) or generated >= room:
-                search.finalize()
-                break
-            tokens = [b.tokens[-1] for b in beams]
-            with paged._writing():  # a failed call forgets every cached block
-                for beam, seq in zip(
-                    beams, cache.step([b.seq for b in beams], tokens), strict=True
-                ):
-                    beam.seq = seq
-                out = timed.call(cache.infer, tokens) if timed else cache.infer(tokens)
-            rows = {b.seq: out[i] for i, b in enumerate(beams)}
-    finally:
-        cache.close()
-    decode_s = time.perf_counter() - start - ttft
-    results = []
-    for hyp in search.results():
-        text, kept = stops.cut(hyp.tokens)
-        results.append(
-            GenerationResult(
-                hyp.tokens[:kept],
-                text,
-                hyp.finish,
-                int(ids.size),
-                ttft,
-                decode_s,
-                logits,
-                [float(p) for p in hyp.logprobs[:kept]],
-                [],
-                search.score(hyp),
-            )
-        )
-    return results

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import CapacityError
-from ...kv.blocks import OutOfBlocksError
-from .runner import PagedRunner
+from ...kv.blocks import OutOfBlocksError, PriorityRange
+from .runner import SYSTEM_PRIORITY, PagedRunner
 
 
 @dataclass
@@ -35,6 +35,7 @@ class Live:
     handle: int
     tokens: list[int]
     prompt_len: int
+    held: int = 0  # leading tokens kept at SYSTEM_PRIORITY (a chat's system prompt)
     key: Hashable = None  # its block-manager sequence while admitted
     computed: int = 0
     preemptions: int = 0
@@ -71,13 +72,16 @@ class BatchEngine:
         runner.release()  # a lone sequence left over from an earlier call: cached, not live
 
     # -- the caller's side ----------------------------------------------------------------------
-    def submit(self, tokens: list[int]) -> int:
-        """A new sequence: ``tokens`` is its prompt; it waits until there is room."""
+    def submit(self, tokens: list[int], held: int = 0) -> int:
+        """A new sequence: ``tokens`` is its prompt, of which the first ``held`` (whole
+        blocks of them) stay cached at SYSTEM_PRIORITY; it waits until there is room."""
         if not tokens:
             raise ValueError("prompt is empty: at least one token is needed")
         if len(tokens) > self.runner.max_prompt_len:
             raise CapacityError.prompt(len(tokens), self.runner.max_prompt_len)
-        seq = Live(next(self._handles), list(tokens), len(tokens))
+        block = self.runner.cache.block_size
+        held = min(max(0, int(held)), len(tokens)) // block * block
+        seq = Live(next(self._handles), list(tokens), len(tokens), held)
         self.live[seq.handle] = seq
         self.waiting.append(seq)
         return seq.handle
@@ -90,6 +94,27 @@ class BatchEngine:
         if len(seq.tokens) >= self.runner.capacity:
             raise CapacityError.cache_full(self.runner.capacity)
         seq.tokens.append(int(token))
+
+    def fork(self, handle: int) -> int:
+        """A new sequence with ``handle``'s tokens (a beam parting from another), fed apart
+        from then on.  Its KV comes from the block manager's fork (full blocks shared, the
+        others copied), or, when the pools lack the blocks, it waits and is computed again."""
+        parent = self.live[handle]
+        if parent.waiting_for_logits:
+            raise RuntimeError(f"sequence {handle} is forked between its token and its logits")
+        child = Live(next(self._handles), list(parent.tokens), parent.prompt_len, parent.held)
+        self.live[child.handle] = child
+        if not parent.admitted:
+            self.waiting.append(child)
+            return child.handle
+        key = ("batch", id(self), next(self._keys))
+        try:
+            self.runner.blocks.fork(parent.key, key)
+        except OutOfBlocksError:
+            self.waiting.appendleft(child)  # recomputed from its tokens when there is room
+            return child.handle
+        child.key, child.computed = key, parent.computed
+        return child.handle
 
     def remaining(self, handle: int) -> int:
         """Tokens the sequence may still be fed before its KV room is full."""
@@ -145,9 +170,14 @@ class BatchEngine:
             start = self._hit(seq)
             end = self._chunk_end(seq, budget, start)
             try:
-                key = ("batch", next(self._keys))
+                key = ("batch", id(self), next(self._keys))
+                priority = [PriorityRange(0, seq.held, SYSTEM_PRIORITY)] if seq.held else None
                 reused = self.runner.blocks.add_sequence(
-                    key, seq.tokens[:end], reuse=self.runner.prefix_reuse, max_hit_tokens=start
+                    key,
+                    seq.tokens[:end],
+                    priority,
+                    reuse=self.runner.prefix_reuse,
+                    max_hit_tokens=start,
                 )
             except OutOfBlocksError:
                 if plan or self._admitted():
@@ -158,6 +188,8 @@ class BatchEngine:
                 raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
             self.waiting.popleft()
             seq.key, seq.computed = key, start
+            # the runner's accounting of the latest prompt, as a lone run keeps it
+            self.runner.reused_tokens, self.runner.held_tokens = start, seq.held
             plan.append((seq, start, end))
             budget -= end - start
         return plan

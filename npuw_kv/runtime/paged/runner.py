@@ -92,7 +92,7 @@ class PagedRunner(Runner):
         # u8 blocks written one token at a time get other scales than a fresh prefill writes:
         # generated tokens' blocks are cached only for float KV, where they are the same
         self._store_steps = self.cache.precision in ("f32", "f16", "bf16")
-        # beam search (runtime/beam_tables.py): the most distinct KV blocks the beams of the
+        # beam search (generation/beam_search.py): the most distinct KV blocks the beams of the
         # last search held at once, and the bytes its copy-on-write block copies moved
         self.beam_peak_blocks = self.beam_copied_bytes = 0
 

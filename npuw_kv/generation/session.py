@@ -1,0 +1,224 @@
+"""The paged path's one running batch, which calls from several threads join.
+
+Each call adds its sequences (a :class:`Ticket`) between two steps and then waits for them;
+whichever waiting thread finds no step running runs the next one, for every live sequence, so
+the calls share steps instead of queueing behind each other.  A thread that wants to add
+sequences goes before the next step (new requests join at once).  A sequence's streamer runs on
+the thread that ran the step; an error in one sequence (its streamer, its settings) ends that
+sequence only, and its call raises it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..api.generation_config import GenerationConfig
+from ..api.generation_result import GenerationResult
+from ..runtime.paged.batch import BatchEngine
+from ..runtime.paged.runner import PagedRunner
+from .batch import BatchDriver, BatchTimes, Outcome
+from .logits_process import LogitsConstraint
+
+
+@dataclass
+class SequenceRequest:
+    """One sequence to generate: a prompt's ids, its config, which sample of the prompt it is
+    (its random generator), its constraint and streamer, and the prompt's tokens to keep cached
+    at a chat system prompt's priority.  With ``num_beams`` > 1: the prompt's beam search."""
+
+    ids: np.ndarray
+    config: GenerationConfig
+    sample: int = 0
+    constraint: LogitsConstraint | None = None
+    streamer: Any = None
+    held: int = 0
+
+
+@dataclass
+class Ticket:
+    """One call's sequences in the session: their engine handles in order, the outcome of each
+    that finished, its steps' times, and what to call with each new token (handle, token)."""
+
+    handles: list[int] = field(default_factory=list)
+    outcomes: dict[int, Outcome] = field(default_factory=dict)
+    times: BatchTimes = field(default_factory=BatchTimes)
+    on_token: Callable[[int, int], None] | None = None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outcomes) == len(self.handles)
+
+    def results(self) -> list[list[GenerationResult]]:
+        """Each request's results in order (a sequence's one, a beam search's several); the
+        first error raised instead."""
+        out: list[list[GenerationResult]] = []
+        for handle in self.handles:
+            outcome = self.outcomes[handle]
+            if isinstance(outcome, Exception):
+                raise outcome
+            out.append(outcome if isinstance(outcome, list) else [outcome])
+        return out
+
+
+class BatchSession:
+    """A :class:`BatchEngine` and its token loops, shared by every call on one runner."""
+
+    def __init__(
+        self,
+        runner: PagedRunner,
+        tokenizer: Any,
+        max_num_seqs: int,
+        position_limit: int | None = None,
+        fit_pools: bool = True,
+    ) -> None:
+        """``fit_pools``: grow the KV pools, when the session starts from idle, to hold the
+        sequences that run at once (False: the user sized them; the engine preempts)."""
+        self.runner = runner
+        self.engine = BatchEngine(runner, max_num_seqs)
+        self.driver = BatchDriver(self.engine, tokenizer, position_limit)
+        self.fit_pools = fit_pools
+        self._cond = threading.Condition()
+        self._stepper: int | None = None  # the thread running a step
+        self._joining = 0  # threads waiting to add or drop sequences: they go first
+        self._owner: dict[int, Ticket] = {}
+
+    @property
+    def busy(self) -> bool:
+        return self.driver.running
+
+    def add(
+        self,
+        requests: Sequence[SequenceRequest],
+        ticket: Ticket | None = None,
+        at_once: int | None = None,
+    ) -> Ticket:
+        """Queue ``requests`` (all of them or, on an error such as a too-long prompt, none)
+        for the next step; their ticket.  When the session starts from idle, the pools are
+        sized for ``at_once`` sequences of the longest request's size (default: these)."""
+        ticket = ticket if ticket is not None else Ticket()
+        with self._between_steps():
+            if not self.busy:
+                self.runner.release()  # a lone run's sequence: cached, not live
+                if self.fit_pools and requests:
+                    beams = sum(max(1, r.config.num_beams) for r in requests)
+                    self._fit(requests, at_once or beams)
+            try:
+                for r in requests:
+                    handle = (
+                        self.driver.add_beams(r.ids, r.config, ticket.times)
+                        if r.config.num_beams > 1
+                        else self.driver.add(
+                            r.ids,
+                            r.config,
+                            r.sample,
+                            r.constraint,
+                            r.streamer,
+                            r.held,
+                            ticket.times,
+                        )
+                    )
+                    ticket.handles.append(handle)
+                    self._owner[handle] = ticket
+            except BaseException:
+                for handle in ticket.handles:
+                    self._drop(handle)
+                raise
+        return ticket
+
+    def drop(self, handles: Sequence[int]) -> None:
+        """End these sequences now (stopped or cancelled); their outcomes are not recorded."""
+        with self._between_steps():
+            for handle in handles:
+                if handle in self.driver:
+                    self._drop(handle)
+
+    def wait(self, ticket: Ticket) -> list[list[GenerationResult]]:
+        """Run steps until ``ticket``'s requests are done; their results in order."""
+        self._run_until(lambda: ticket.complete)
+        return ticket.results()
+
+    def wait_idle(self) -> None:
+        """Run steps until no sequence is live (a call that needs the runner alone)."""
+        self._run_until(lambda: not self.busy)
+
+    def step(self) -> None:
+        """One step, if any sequence is live (genai's ``ContinuousBatchingPipeline.step``)."""
+        steps = self.engine.steps
+        self._run_until(lambda: not self.busy or self.engine.steps != steps)
+
+    # -- the protocol -------------------------------------------------------------------------
+    def _refuse_reentry(self) -> None:
+        if self._stepper == threading.get_ident():
+            raise RuntimeError(
+                "LLMPipeline is already generating on this thread (called from its streamer?); "
+                "a streamer may not call into its own pipeline"
+            )
+
+    @contextmanager
+    def _between_steps(self) -> Iterator[None]:
+        """Hold the session between two steps (to add or drop sequences); a thread waiting
+        here goes before the next step."""
+        self._refuse_reentry()
+        with self._cond:
+            self._joining += 1
+            try:
+                while self._stepper is not None:
+                    self._cond.wait()
+                yield
+            finally:
+                self._joining -= 1
+                self._cond.notify_all()
+
+    def _run_until(self, finished: Callable[[], bool]) -> None:
+        """Wait, or run the next step for everyone, until ``finished()``."""
+        self._refuse_reentry()
+        with self._cond:
+            while not finished():
+                if self._stepper is not None or self._joining:
+                    self._cond.wait()
+                    continue
+                self._stepper = threading.get_ident()
+                self._cond.release()
+                stepped: tuple[dict[int, int], dict[int, Outcome]] | None = None
+                try:
+                    stepped = self.driver.step()
+                finally:
+                    self._cond.acquire()
+                    self._stepper = None
+                    self._cond.notify_all()
+                    if stepped is None:  # interrupted (KeyboardInterrupt): every call ends
+                        self._record({}, dict.fromkeys(self._owner, _interrupted()))
+                self._record(*stepped)
+
+    def _record(self, tokens: dict[int, int], done: dict[int, Outcome]) -> None:
+        for handle, token in tokens.items():
+            ticket = self._owner.get(handle)
+            if ticket is not None and ticket.on_token is not None:
+                ticket.on_token(handle, token)
+        for handle, outcome in done.items():
+            ticket = self._owner.pop(handle, None)
+            if ticket is not None:
+                ticket.outcomes[handle] = outcome
+
+    def _drop(self, handle: int) -> None:
+        self.driver.drop(handle)
+        self._owner.pop(handle, None)
+
+    def _fit(self, requests: Sequence[SequenceRequest], at_once: int) -> None:
+        """Pools for ``at_once`` sequences (at most ``max_num_seqs``) of the longest
+        request's size."""
+        capacity = self.runner.capacity
+        longest = max(
+            r.ids.size + (r.config.new_token_budget(int(r.ids.size)) or capacity) for r in requests
+        )
+        self.runner.fit_batch(min(self.engine.max_num_seqs, at_once), longest)
+
+
+def _interrupted() -> Exception:
+    return RuntimeError("the batch step running this request was interrupted; try again")
