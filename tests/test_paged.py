@@ -39,18 +39,19 @@ def _calls(pipe: LLMPipeline, ids: np.ndarray) -> tuple[list[tuple[int, int]], G
     call the device ran, and the result."""
     runner = pipe.runner
     spans: list[tuple[int, int]] = []
-    infer = runner._infer
+    run = runner.run
 
-    def record(chunk: np.ndarray, past: int) -> np.ndarray:
+    def record(parts: list, rows: int = 1) -> np.ndarray:
+        ((_, chunk, past),) = parts  # one sequence: one subsequence a call
         if chunk.size > 1 or not spans or spans[-1][1] != past:  # not a generate step
             spans.append((past, past + chunk.size))
-        return infer(chunk, past)
+        return run(parts, rows)
 
-    runner._infer = record  # type: ignore[method-assign]
+    runner.run = record  # type: ignore[method-assign]
     try:
         result = pipe.generate(ids, max_new_tokens=6, ignore_eos=True)
     finally:
-        del runner._infer
+        del runner.run
     return [s for s in spans if s[1] <= ids.size], result
 
 

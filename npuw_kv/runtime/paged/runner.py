@@ -85,6 +85,7 @@ class PagedRunner(Runner):
             shares_source,
         )
         self._seq = 0  # id of the live sequence; 0: none yet
+        self.finished_tokens = 0  # computed tokens of the batch engine's last finished sequence
         self.reused_tokens = 0
         self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
         # tokens at the start of the next prompt kept at SYSTEM_PRIORITY (hold_prefix)
@@ -137,8 +138,11 @@ class PagedRunner(Runner):
 
     @property
     def tokens_in_cache(self) -> int:
-        """Tokens of the current sequence (prompt and fed answer) whose KV the cache holds."""
-        return self.blocks.num_tokens(self._seq) if self._seq in self.blocks.sequence_ids else 0
+        """Tokens of the live lone sequence (prompt and fed answer) whose KV the cache holds;
+        with none live, those of the sequence the batch engine finished last."""
+        if self._seq in self.blocks.sequence_ids:
+            return self.blocks.num_tokens(self._seq)
+        return self.finished_tokens
 
     @property
     def remaining_capacity(self) -> int:
