@@ -12,12 +12,44 @@ from .errors import (
     ModelLoadError,
     ModelSourceError,
     NumericError,
+    UsageError,
 )
 
 __version__ = "0.1.0"
+# openvino-genai's own types that an LLM program passes to a pipeline or gets from it: the
+# same objects here, so that `import npuw_kv as openvino_genai` runs genai's text samples
+GENAI_TYPES = (
+    "ChatHistory",
+    "DeepSeekR1ReasoningIncrementalParser",
+    "DeepSeekR1ReasoningParser",
+    "GenerationFinishReason",
+    "GenerationStatus",
+    "IncrementalParser",
+    "Llama3JsonToolParser",
+    "Llama3PythonicToolParser",
+    "Parser",
+    "Phi4ReasoningIncrementalParser",
+    "Phi4ReasoningParser",
+    "RawPerfMetrics",
+    "ReasoningIncrementalParser",
+    "ReasoningParser",
+    "SchedulerConfig",
+    "StopCriteria",
+    "StreamerBase",
+    "StreamingStatus",
+    "StructuralTagItem",
+    "StructuralTagsConfig",
+    "StructuredOutputConfig",
+    "TextParserStreamer",
+    "TextStreamer",
+    "TokenizedInputs",
+    "Tokenizer",
+    "get_version",
+)
 __all__ = [
     "CapacityError",
     "CompileError",
+    *GENAI_TYPES,
     "ContinuousBatchingPipeline",
     "DecodedResults",
     "DraftModel",
@@ -33,6 +65,7 @@ __all__ = [
     "PerfMetrics",
     "PipelineConfig",
     "TextResult",
+    "UsageError",
     "draft_model",
 ]
 if "openvino_genai" in sys.modules:  # its draft_model objects are opaque: record their paths
@@ -68,4 +101,13 @@ def __getattr__(name: str) -> Any:
         from .config.pipeline_config import PipelineConfig
 
         return PipelineConfig
+    if name in GENAI_TYPES:
+        import openvino_genai
+
+        return getattr(openvino_genai, name)
+    if name in ("Adapter", "AdapterConfig"):
+        raise AttributeError(
+            f"npuw_kv has no {name}: LoRA adapters are not supported yet (merge the adapter into "
+            "the model's weights)"
+        )
     raise AttributeError(f"module 'npuw_kv' has no attribute {name!r}")

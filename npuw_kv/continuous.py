@@ -23,6 +23,7 @@ import openvino_genai
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import Prompt
+from .errors import UsageError
 from .generation.beam_search import check_beam_request
 from .generation.session import SequenceRequest, Ticket
 from .pipeline import LLMPipeline
@@ -156,7 +157,7 @@ class ContinuousBatchingPipeline:
         **kwargs: Any,
     ) -> None:
         if tokenizer_properties:
-            raise ValueError(
+            raise UsageError(
                 f"tokenizer_properties {sorted(tokenizer_properties)} are not supported: the "
                 "tokenizer is loaded as openvino-genai's LLMPipeline loads it"
             )
@@ -166,12 +167,12 @@ class ContinuousBatchingPipeline:
         self.pipeline = LLMPipeline(models_path, device, **settings)
         runner = self.pipeline.runner
         if not isinstance(runner, PagedRunner):
-            raise ValueError(
+            raise UsageError(
                 "ContinuousBatchingPipeline runs on the paged path (device CPU, "
                 "attention_backend 'pa'); the static-shape path runs one sequence at a time"
             )
         if self.pipeline._assisted.mode is not None:
-            raise ValueError(
+            raise UsageError(
                 "ContinuousBatchingPipeline does not run speculative decoding (draft_model, "
                 "prompt_lookup): use LLMPipeline, which runs it one sequence at a time"
             )
@@ -201,7 +202,7 @@ class ContinuousBatchingPipeline:
         elif isinstance(prompt, str):
             ids = pipe._encoder.ids(Prompt(text=prompt), config.apply_chat_template)
         else:
-            raise ValueError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
+            raise UsageError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
         handle = GenerationHandle(int(request_id), self)
         factory = pipe._constraint(config)
         beams = config.num_beams > 1
@@ -237,7 +238,7 @@ class ContinuousBatchingPipeline:
         """Every prompt with its own config (one config for all is taken too), run together;
         one result per prompt, in order."""
         if streamer is not None:
-            raise ValueError("a streamer takes one answer: ContinuousBatchingPipeline.generate "
+            raise UsageError("a streamer takes one answer: ContinuousBatchingPipeline.generate "
                              "runs many; read GenerationHandle.read() instead")  # fmt: skip
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -247,7 +248,7 @@ class ContinuousBatchingPipeline:
             else [generation_config] * len(prompts)
         )
         if len(configs) != len(prompts):
-            raise ValueError(
+            raise UsageError(
                 f"{len(prompts)} prompts but {len(configs)} generation configs: give one per "
                 "prompt, or one for all"
             )

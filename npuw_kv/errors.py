@@ -1,30 +1,36 @@
 """Every error a user of npuw-kv may catch, in one place (no OpenVINO needed to import it).
 
 Each is a ``ValueError`` (or, for a missing model, a ``FileNotFoundError``) so that callers
-who only know the standard types still catch them; the message names the setting to change.
-After any of them the pipeline stays usable.
+who only know the standard types still catch them, and also a ``RuntimeError``, which is what
+openvino-genai raises for the same mistakes, so that code written for genai catches them too.
+The message names the setting to change.  After any of them the pipeline stays usable.
 """
 
 from __future__ import annotations
 
 
-class ModelSourceError(FileNotFoundError):
+class UsageError(ValueError, RuntimeError):
+    """A setting, an input or a generation config that cannot be honoured (genai raises a
+    ``RuntimeError`` where npuw-kv documents a ``ValueError``: this is both)."""
+
+
+class ModelSourceError(FileNotFoundError, RuntimeError):
     """A model argument that does not lead to usable model files (missing, corrupt GGUF)."""
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UsageError):
     """Model files exist but cannot be read as an OpenVINO IR (or their tokenizer IRs)."""
 
 
-class ModelLayoutError(ValueError):
+class ModelLayoutError(UsageError):
     """The graph is not a decoder LLM with a KV cache we can drive."""
 
 
-class CompileError(ValueError):
+class CompileError(UsageError):
     """The device refused the model with these settings (names them)."""
 
 
-class NumericError(ValueError):
+class NumericError(UsageError):
     """The model gave NaN or +inf logits: an activation overflowed its precision."""
 
     def __init__(self) -> None:
@@ -35,7 +41,7 @@ class NumericError(ValueError):
         )
 
 
-class CapacityError(ValueError):
+class CapacityError(UsageError):
     """A prompt longer than MAX_PROMPT_LEN, or a step with the KV cache full."""
 
     @classmethod

@@ -33,6 +33,7 @@ from .api.pipeline_args import model_directory, pipeline_args, scheduler_setting
 from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
+from .errors import UsageError
 from .generation import speculative
 from .generation.beam_search import check_beam_request
 from .generation.decode import Streamer, generate_sequences
@@ -146,7 +147,11 @@ class LLMPipeline:
         return GenerationConfig.build(self.generation_config)
 
     def set_generation_config(self, config: GenerationConfig) -> None:
+        """As genai: an unset ``eos_token_id`` keeps the model's."""
         self.generation_config = GenerationConfig.build(config)
+        eos = self.generation_config.eos_token_id
+        if eos is None or eos < 0:
+            self.generation_config.eos_token_id = self.tokenizer.get_eos_token_id()
 
     # -- chat ---------------------------------------------------------------------------------
     def start_chat(self, system_message: str = "") -> None:
@@ -170,7 +175,7 @@ class LLMPipeline:
         """
         with self._exclusive():
             if self._history is None:
-                raise ValueError("fit_chat_history needs chat mode: call start_chat() first")
+                raise UsageError("fit_chat_history needs chat mode: call start_chat() first")
             # the limit is never above the trained context (checked at construction)
             self._history, dropped = fit_history(
                 self._history,
@@ -325,7 +330,7 @@ class LLMPipeline:
         """The prompts one after another on the runner alone (speculative decoding, the
         static-shape path)."""
         if config.num_beams > 1:
-            raise ValueError(
+            raise UsageError(
                 "num_beams > 1 needs the PagedAttention path (the CPU default, "
                 "attention_backend='pa') without speculative decoding; the static-shape path "
                 "(NPU, attention_backend='sdpa') runs one sequence per call"
@@ -393,7 +398,7 @@ class LLMPipeline:
         Bad shares raise a ``ValueError`` naming the setting, and change nothing."""
         with self._exclusive():
             if not isinstance(self.runner, PagedRunner):
-                raise ValueError(
+                raise UsageError(
                     f"{label('kv_window_shares')} applies to attention_backend='pa'; this "
                     "pipeline runs the static-shape path, which has no window pools"
                 )

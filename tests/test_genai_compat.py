@@ -339,3 +339,41 @@ def test_bad_inputs_are_named_and_the_pipeline_goes_on(pipe, expected):
         pipe.generate([1, 9690], max_new_tokens=2, do_sample=True, num_return_sequences=2)
     assert tokenizer.decode(expected.tokens) == expected
     assert pipe.generate(QUESTION, max_new_tokens=NEW) == expected  # still usable
+
+
+def test_code_written_for_genai_runs_unchanged(pipe, smol_dir, expected):
+    """What genai's own tests and users' code do: property values as ``ov.Type`` and hint
+    names, ``except RuntimeError`` around bad input, ``isinstance`` on genai's result class,
+    genai's names taken from the module, the model's EOS kept by ``set_generation_config``."""
+    import openvino.properties.hint as hints
+
+    import npuw_kv
+
+    typed = LLMPipeline(
+        smol_dir, "CPU", {hints.kv_cache_precision: ov.Type.f32, **SAME}, attention_backend="pa"
+    )
+    assert typed.kv_stats()["kv_precision"] == "f32"
+    assert typed.generate(QUESTION, max_new_tokens=NEW) == expected
+    for bad in ([], openvino_genai.ChatHistory()):
+        with pytest.raises(RuntimeError):  # genai's type; still our documented ValueError
+            pipe.generate(bad, max_new_tokens=2)
+    with pytest.raises(RuntimeError, match="streamer"):
+        pipe.generate(["a", "b"], max_new_tokens=2, streamer=print)
+    with pytest.raises(RuntimeError, match="do_sample"):
+        pipe.generate(QUESTION, max_new_tokens=2, num_beams=2, do_sample=True)
+    with pytest.raises(RuntimeError, match="MAX_PROMPT_LEN"):
+        pipe.generate([1] * (MAX_PROMPT + 1), max_new_tokens=2)
+    results = pipe.generate([QUESTION], max_new_tokens=NEW)
+    assert isinstance(results, openvino_genai.DecodedResults) and results.texts == [expected]
+    for name in ("ChatHistory", "StreamingStatus", "StreamerBase", "Tokenizer", "TextStreamer",
+                 "SchedulerConfig", "StructuredOutputConfig", "TokenizedInputs",
+                 "GenerationFinishReason"):  # fmt: skip
+        assert getattr(npuw_kv, name) is getattr(openvino_genai, name)
+    before = pipe.get_generation_config()
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 3
+    pipe.set_generation_config(config)
+    try:
+        assert pipe.get_generation_config().eos_token_id == pipe.tokenizer.get_eos_token_id()
+    finally:
+        pipe.set_generation_config(before)

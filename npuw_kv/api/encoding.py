@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import openvino_genai
 
-from ..errors import ModelLoadError, last_line
+from ..errors import ModelLoadError, UsageError, last_line
 from .inputs import Prompt
 from .perf_metrics import CallTimer
 
@@ -41,11 +41,11 @@ def _ids(encoded: Any) -> np.ndarray:
 def check_text(text: object) -> None:
     """Refuse what no tokenizer can take, before openvino-genai fails on it less clearly."""
     if not isinstance(text, str):
-        raise ValueError(f"expected text (str), got {type(text).__name__}")
+        raise UsageError(f"expected text (str), got {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(
+        raise UsageError(
             f"text is not valid Unicode: {exc.reason} at character {exc.start} "
             f"({text[exc.start : exc.end]!r}); undecodable input bytes end up as such "
             "characters, decode the input as UTF-8 (or with errors='replace') first"
@@ -57,7 +57,7 @@ def _tokenize(run: Callable[[], T]) -> T:
     try:
         return run()
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
+        raise UsageError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
 
 
 def _span(timer: CallTimer | None, key: str) -> AbstractContextManager[None]:

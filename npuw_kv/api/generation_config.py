@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError
+
 SIZE_MAX = 2**64 - 1  # genai's "unset" for its size_t fields
 _UNSET_IS_SIZE_MAX = ("max_new_tokens", "max_length", "no_repeat_ngram_size")
 
@@ -92,7 +94,7 @@ class GenerationConfig:
         if self.num_assistant_tokens is not None:
             self._check_int("num_assistant_tokens", low=0)
         if not 0 <= self.assistant_confidence_threshold <= 1:
-            raise ValueError(
+            raise UsageError(
                 "assistant_confidence_threshold must be in [0, 1], got "
                 f"{self.assistant_confidence_threshold}"
             )
@@ -107,18 +109,18 @@ class GenerationConfig:
             self._check_number(name)
         self._check_number("frequency_penalty")
         if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+            raise UsageError(f"temperature must be > 0 when sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+            raise UsageError(f"min_p must be in [0, 1), got {self.min_p}")
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise UsageError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise UsageError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
+            raise UsageError(
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
                 f"({self.max_new_tokens})"
             )
@@ -132,7 +134,7 @@ class GenerationConfig:
         for name, (default, why) in _REFUSED.items():
             value = getattr(self, name)
             if value != default:
-                raise ValueError(f"{name}={value!r} is not supported: {why}")
+                raise UsageError(f"{name}={value!r} is not supported: {why}")
 
     def _check_beams(self) -> None:
         """Beam search settings, checked as genai's ``validate`` does (npuw_kv/beam_search)."""
@@ -142,49 +144,49 @@ class GenerationConfig:
             self._check_number(name)
         beams, groups = self.num_beams, self.num_beam_groups
         if self.num_return_sequences > 1 and not self.do_sample and beams == 1:
-            raise ValueError(
+            raise UsageError(
                 f"num_return_sequences={self.num_return_sequences} needs do_sample=True "
                 "(independent samples) or num_beams > 1 (beam search)"
             )
         if beams == 1:
             return
         if self.do_sample:
-            raise ValueError(f"num_beams={beams} (beam search) cannot sample: set do_sample=False")
+            raise UsageError(f"num_beams={beams} (beam search) cannot sample: set do_sample=False")
         if beams % groups:
-            raise ValueError(f"num_beams ({beams}) must be divisible by num_beam_groups ({groups})")
+            raise UsageError(f"num_beams ({beams}) must be divisible by num_beam_groups ({groups})")
         if self.num_return_sequences > beams:
-            raise ValueError(
+            raise UsageError(
                 f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams ({beams})"
             )
         if (groups > 1) != (self.diversity_penalty != 0):
-            raise ValueError(
+            raise UsageError(
                 "diversity_penalty applies between beam groups: set it != 0 with "
                 f"num_beam_groups > 1 and 0 otherwise (got {self.diversity_penalty}, "
                 f"num_beam_groups={groups})"
             )
         for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
             if getattr(self, name) != (1.0 if name == "repetition_penalty" else 0.0):
-                raise ValueError(f"{name} is not supported by beam search (as in genai)")
+                raise UsageError(f"{name} is not supported by beam search (as in genai)")
         if self.no_repeat_ngram_size == 0:
-            raise ValueError("no_repeat_ngram_size must be positive in beam search")
+            raise UsageError("no_repeat_ngram_size must be positive in beam search")
 
     def _check_bool(self, name: str) -> None:
         if not isinstance(getattr(self, name), (bool, np.bool_)):
-            raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
         setattr(self, name, bool(getattr(self, name)))
 
     def _check_int(self, name: str, low: int) -> None:
         value = getattr(self, name)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
+            raise UsageError(f"{name} must be an integer, got {value!r}")
         if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+            raise UsageError(f"{name} must be >= {low}, got {value}")
         setattr(self, name, int(value))
 
     def _check_number(self, name: str) -> None:
         value = getattr(self, name)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-            raise ValueError(f"{name} must be a number, got {value!r}")
+            raise UsageError(f"{name} must be a number, got {value!r}")
 
     def stop_ids(self) -> set[int]:
         """Tokens that end generation: ``stop_token_ids`` and ``eos_token_id`` (which the
@@ -202,7 +204,7 @@ class GenerationConfig:
         if self.max_length is None:
             return None
         if self.max_length <= prompt_len:
-            raise ValueError(
+            raise UsageError(
                 f"max_length ({self.max_length}) must be greater than the prompt's "
                 f"{prompt_len} tokens (or set max_new_tokens)"
             )
@@ -215,7 +217,7 @@ class GenerationConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"unknown generation setting(s) {unknown}; known: {sorted(known)}")
+            raise UsageError(f"unknown generation setting(s) {unknown}; known: {sorted(known)}")
         if base is not None and not isinstance(base, GenerationConfig):
             base = cls.from_genai(base)
         values = {f.name: getattr(base, f.name) for f in fields(cls)} if base else {}
@@ -228,7 +230,7 @@ class GenerationConfig:
         import openvino_genai
 
         if not isinstance(config, openvino_genai.GenerationConfig):
-            raise ValueError(
+            raise UsageError(
                 "generation_config must be an npuw_kv or openvino_genai GenerationConfig, "
                 f"got {type(config).__name__}"
             )
@@ -258,7 +260,7 @@ class GenerationConfig:
             try:
                 setattr(config, f.name, value)
             except TypeError as exc:
-                raise ValueError(f"openvino_genai cannot take {f.name}={value!r}") from exc
+                raise UsageError(f"openvino_genai cannot take {f.name}={value!r}") from exc
         return config
 
 
@@ -267,9 +269,9 @@ def _string_set(stops: Any) -> set[str]:
     try:
         stops = set(stops)
     except TypeError:
-        raise ValueError(f"stop_strings must be a set of strings, got {stops!r}") from None
+        raise UsageError(f"stop_strings must be a set of strings, got {stops!r}") from None
     if not all(isinstance(stop, str) and stop for stop in stops):
-        raise ValueError(f"stop_strings must be non-empty strings, got {sorted(map(repr, stops))}")
+        raise UsageError(f"stop_strings must be non-empty strings, got {sorted(map(repr, stops))}")
     return stops
 
 
@@ -278,15 +280,15 @@ def _id_set(ids: Any) -> set[int]:
     try:
         ids = set(ids)
     except TypeError:
-        raise ValueError(f"stop_token_ids must be a set of token ids, got {ids!r}") from None
+        raise UsageError(f"stop_token_ids must be a set of token ids, got {ids!r}") from None
     bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0]
     if bad:
-        raise ValueError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
+        raise UsageError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
     return {int(i) for i in ids}
 
 
 def _criteria_name(value: Any) -> str:
     name = getattr(value, "name", value)  # an openvino_genai.StopCriteria, or its name
     if not isinstance(name, str) or name.lower() not in ("early", "heuristic", "never"):
-        raise ValueError(f"stop_criteria must be early, heuristic or never, got {value!r}")
+        raise UsageError(f"stop_criteria must be early, heuristic or never, got {value!r}")
     return name.lower()

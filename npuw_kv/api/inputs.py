@@ -14,6 +14,8 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
+from ..errors import UsageError
+
 
 @dataclass
 class Prompt:
@@ -58,7 +60,7 @@ def read_inputs(inputs: Any, vocab_size: int) -> Request:
         return Request("encoded", _rows(inputs, None, vocab_size))
     if isinstance(inputs, (list, tuple)):
         if not inputs:
-            raise ValueError(
+            raise UsageError(
                 "empty input: give a prompt, a list of prompts, chat messages or token ids"
             )
         if all(isinstance(item, str) for item in inputs):
@@ -67,7 +69,7 @@ def read_inputs(inputs: Any, vocab_size: int) -> Request:
             return Request("chat", [Prompt(messages=_messages(inputs))])
         if any(isinstance(item, (str, Mapping)) for item in inputs):
             kinds = sorted({type(item).__name__ for item in inputs})
-            raise ValueError(
+            raise UsageError(
                 f"a list of {', '.join(kinds)}: give all prompts (str), all chat messages "
                 "(dicts with role and content), or all token ids (int)"
             )
@@ -79,17 +81,17 @@ def _messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise ValueError(
+            raise UsageError(
                 f"chat message {i} must be a dict with a 'role' (and 'content'), got {message!r}"
             )
         content = message.get("content", "")
         if not isinstance(content, str):
-            raise ValueError(
+            raise UsageError(
                 f"chat message {i}: content must be text (str), got {type(content).__name__}"
             )
         out.append(dict(message))
     if not out:
-        raise ValueError("an empty chat history: add a message first")
+        raise UsageError("an empty chat history: add a message first")
     return out
 
 
@@ -100,12 +102,12 @@ def _rows(ids: ov.Tensor, mask: ov.Tensor | None, vocab_size: int) -> list[Promp
     if array.ndim == 1:
         array = array[None]
     if array.ndim != 2 or array.shape[0] == 0:
-        raise ValueError(f"token ids of shape {list(array.shape)}: expected [batch, length]")
+        raise UsageError(f"token ids of shape {list(array.shape)}: expected [batch, length]")
     keep = np.ones(array.shape, bool)
     if mask is not None:
         keep = np.asarray(mask.data)
         if keep.shape != array.shape:
-            raise ValueError(
+            raise UsageError(
                 f"attention_mask of shape {list(keep.shape)} does not match input_ids "
                 f"{list(array.shape)}"
             )
@@ -119,23 +121,23 @@ def token_ids(inputs: Any, vocab_size: int) -> np.ndarray:
     """One prompt's token ids from a list, array or ``[1, N]`` tensor."""
     array = np.asarray(inputs.data if isinstance(inputs, ov.Tensor) else inputs)
     if array.ndim == 0:
-        raise ValueError(f"expected text or a sequence of token ids, got {inputs!r}")
+        raise UsageError(f"expected text or a sequence of token ids, got {inputs!r}")
     if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
-        raise ValueError(
+        raise UsageError(
             f"token ids of shape {list(array.shape)}: one prompt at a time (batch size 1); "
             "a batch goes in as an ov.Tensor or TokenizedInputs"
         )
     if array.dtype == object and all(isinstance(i, int) for i in array.flat):
         bad = [i for i in array.flat if not 0 <= i < vocab_size]  # beyond 64 bits
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+            raise UsageError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
         array = array.astype(np.int64)
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got {array.dtype} values")
+        raise UsageError(f"token ids must be integers, got {array.dtype} values")
     # checked before the cast, which would wrap ids of 2**63 and above
     outside = array[(array < 0) | (array >= vocab_size)]
     if outside.size:
-        raise ValueError(
+        raise UsageError(
             f"token id {int(outside.flat[0])} is outside the vocabulary [0, {vocab_size})"
         )
     return array.astype(np.int64).reshape(-1)
@@ -146,20 +148,20 @@ def check_request(request: Request, config: Any, streamer: Any, chatting: bool) 
     checked by the GenerationConfig)."""
     repeats = config.num_return_sequences
     if repeats > 1 and request.kind == "ids":
-        raise ValueError(
+        raise UsageError(
             "num_return_sequences > 1 returns several token lists: pass the ids as an ov.Tensor "
             "(EncodedResults) instead of a list or array"
         )
     if chatting and request.kind == "texts" and len(request.prompts) > 1:
-        raise ValueError(
+        raise UsageError(
             f"chat mode (start_chat) takes one prompt at a time, got {len(request.prompts)}"
         )
     if request.kind == "chat" and not config.apply_chat_template:
-        raise ValueError(
+        raise UsageError(
             "a chat history goes through the chat template: not with apply_chat_template=False"
         )
     if streamer is not None and len(request.prompts) * repeats > 1:
-        raise ValueError(
+        raise UsageError(
             "a streamer takes one answer: give one prompt and num_return_sequences=1 "
             f"(got {len(request.prompts)} prompt(s) x {repeats})"
         )

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ..errors import UsageError
 from ..runtime.runner import Runner
 from .generation_result import GenerationResult
 
@@ -128,7 +129,7 @@ class PerfMetrics:
     def _sum(self, other: PerfMetrics) -> PerfMetrics:
         """The combined calls, as a plain :class:`PerfMetrics` (subclasses add their parts)."""
         if other.load_time != self.load_time:  # genai's check: one pipeline's calls only
-            raise ValueError("generation metrics can be accumulated only for the same pipeline")
+            raise UsageError("generation metrics can be accumulated only for the same pipeline")
         return PerfMetrics(
             self.raw_metrics + other.raw_metrics,
             self.load_time,

@@ -18,6 +18,7 @@ import openvino as ov
 import openvino_genai
 
 from ..config.pipeline_config import PipelineConfig
+from ..errors import UsageError
 from ..model.source import resolve_model
 from .generation_config import ADAPTERS_REFUSED
 
@@ -46,40 +47,40 @@ def pipeline_args(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
     out = PipelineArgs(model)
     if rest and isinstance(rest[0], ov.Tensor):
         if not isinstance(model, str):
-            raise ValueError("with model weights given as an ov.Tensor, the model is its IR XML")
+            raise UsageError("with model weights given as an ov.Tensor, the model is its IR XML")
         out.weights = rest.pop(0)
     if rest and isinstance(rest[0], openvino_genai.Tokenizer):
         out.tokenizer = rest.pop(0)
     elif isinstance(props.get("tokenizer"), openvino_genai.Tokenizer):
         out.tokenizer = props.pop("tokenizer")
     if out.weights is not None and out.tokenizer is None:
-        raise ValueError("a model given as XML text and weights needs an openvino_genai.Tokenizer")
+        raise UsageError("a model given as XML text and weights needs an openvino_genai.Tokenizer")
     if rest:
         if "device" in props:
-            raise ValueError("device given twice: positionally and as device=")
+            raise UsageError("device given twice: positionally and as device=")
         props["device"] = rest.pop(0)
     out.device = props.pop("device", "CPU")
     if not isinstance(out.device, str):
-        raise ValueError(f"device must be a string such as 'CPU' or 'NPU', got {out.device!r}")
+        raise UsageError(f"device must be a string such as 'CPU' or 'NPU', got {out.device!r}")
     config: Any = {}
     if rest and out.weights is not None:
         out.generation_config = rest.pop(0)
     elif rest:
         config = rest.pop(0)
         if not isinstance(config, Mapping):
-            raise ValueError(f"expected a dict of properties after the device, got {config!r}")
+            raise UsageError(f"expected a dict of properties after the device, got {config!r}")
     if rest:
-        raise ValueError(f"too many positional arguments: {rest!r}")
+        raise UsageError(f"too many positional arguments: {rest!r}")
     if not config and isinstance(props.get("config"), Mapping):  # genai's keyword name
         config = props.pop("config")
     if out.weights is not None and "generation_config" in props:
         out.generation_config = props.pop("generation_config")
     for key, value in config.items():
         if key in props and props[key] is not value and props[key] != value:
-            raise ValueError(f"{key} given twice, as {value!r} and {props[key]!r}")
+            raise UsageError(f"{key} given twice, as {value!r} and {props[key]!r}")
         props[key] = value
     if props.get("adapters") is not None:  # genai's LoRA, registered at construction
-        raise ValueError(f"adapters: {ADAPTERS_REFUSED}")
+        raise UsageError(f"adapters: {ADAPTERS_REFUSED}")
     props.pop("adapters", None)
     out.scheduler_config = props.pop("scheduler_config", None)
     out.settings = props
@@ -127,19 +128,19 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     ``max_num_seqs`` -> the sequences a batched step runs at most.  Anything else set is
     refused, naming the field."""
     if not isinstance(scheduler, openvino_genai.SchedulerConfig):
-        raise ValueError(
+        raise UsageError(
             f"scheduler_config must be an openvino_genai.SchedulerConfig, got {scheduler!r}"
         )
     base = user = PipelineConfig.from_kwargs(device, **settings)
     if not base.paged:
-        raise ValueError(
+        raise UsageError(
             "scheduler_config means the paged path: use device CPU with attention_backend='pa' "
             f"(here: device {base.device}, attention_backend {base.attention_backend!r})"
         )
     for name, (is_set, why) in _UNSUPPORTED.items():
         value = getattr(scheduler, name)
         if is_set(value):
-            raise ValueError(f"scheduler_config.{name}={value!r} is not supported: {why}")
+            raise UsageError(f"scheduler_config.{name}={value!r} is not supported: {why}")
     default = openvino_genai.SchedulerConfig()
     mapped: dict[str, tuple[str, Any]] = {
         "prefix_reuse": ("enable_prefix_caching", bool(scheduler.enable_prefix_caching))
@@ -156,7 +157,7 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
         room = blocks * PAGED_BLOCK_TOKENS - base.total_len
         if room < 0:
             need = -(-base.total_len // PAGED_BLOCK_TOKENS)
-            raise ValueError(
+            raise UsageError(
                 f"scheduler_config.num_kv_blocks={blocks} holds {blocks * PAGED_BLOCK_TOKENS} "
                 f"tokens, fewer than one sequence's MAX_PROMPT_LEN + MIN_RESPONSE_LEN = "
                 f"{base.total_len}: give at least {need} blocks or lower max_prompt_len / "
@@ -167,7 +168,7 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     out = dict(settings)
     for name, (source, value) in mapped.items():
         if name in given and getattr(user, name) != value:
-            raise ValueError(
+            raise UsageError(
                 f"scheduler_config.{source} and {given[name]}={settings[given[name]]!r} set "
                 f"{name} to different values ({value!r} and {getattr(user, name)!r}); pass one"
             )

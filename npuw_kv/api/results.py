@@ -63,10 +63,25 @@ class TextResult(str):
         return 1000.0 * self.decode_s / max(len(self.tokens) - 1, 1)
 
 
+def _field(name: str) -> Any:
+    """A plain read-write attribute over genai's read-only property of the same name (its
+    C++ fields stay empty: ours are what Python code reads)."""
+    key = f"_{name}"
+    return property(
+        lambda self: self.__dict__[key], lambda self, value: self.__dict__.__setitem__(key, value)
+    )
+
+
 class _Results:
     """What genai's ``DecodedResults`` and ``EncodedResults`` share: ``scores``,
     ``finish_reasons``, ``perf_metrics``, ``extended_perf_metrics`` (speculative decoding's
-    per-model metrics, else None, as genai) and ``results``, our per-sequence results."""
+    per-model metrics, else None, as genai) and ``results``, our per-sequence results.  The
+    classes derive from genai's, so ``isinstance`` checks written for genai hold."""
+
+    scores = _field("scores")
+    finish_reasons = _field("finish_reasons")
+    perf_metrics = _field("perf_metrics")
+    extended_perf_metrics = _field("extended_perf_metrics")
 
     def __init__(
         self,
@@ -74,6 +89,8 @@ class _Results:
         perf_metrics: PerfMetrics,
         extended_perf_metrics: PerfMetrics | None = None,
     ) -> None:
+        if isinstance(self, openvino_genai.DecodedResults):
+            super().__init__()  # genai's base (a pybind11 class) must be initialised
         self.results = list(results)
         self.scores = [float(getattr(r, "score", 0.0)) for r in results]
         self.finish_reasons = [finish_reason(r.finish_reason) for r in results]
@@ -85,13 +102,16 @@ class _Results:
         """Set the outputs of this kind (texts or tokens)."""
 
 
-class DecodedResults(_Results):
+class DecodedResults(_Results, openvino_genai.DecodedResults):
     """Texts, as openvino-genai's ``DecodedResults``: ``num_return_sequences`` entries per
     prompt, in prompt order."""
 
+    texts = _field("texts")
+    parsed = _field("parsed")
+
     def _outputs(self, results: list[GenerationResult]) -> None:
         self.texts = [r.text for r in results]
-        self.parsed: list[Any] = []
+        self.parsed = []
 
     def __str__(self) -> str:  # genai's: the text alone, or "score: text" lines
         if len(self.texts) == 1:
@@ -103,7 +123,8 @@ class DecodedResults(_Results):
 
 
 class EncodedResults(_Results):
-    """Token ids, as openvino-genai's ``EncodedResults``: ``tokens`` is one list per sequence."""
+    """Token ids, as openvino-genai's ``EncodedResults``: ``tokens`` is one list per sequence
+    (genai's class has no Python constructor, so this one cannot derive from it)."""
 
     def _outputs(self, results: list[GenerationResult]) -> None:
         self.tokens = [list(r.tokens) for r in results]

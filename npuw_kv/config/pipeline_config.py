@@ -11,6 +11,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..errors import UsageError
 from ..kv.blocks.shares import format_shares, parse_window_shares
 from . import decide
 from .settings import (
@@ -83,15 +84,15 @@ class PipelineConfig:
         device = str(self.device).upper()
         object.__setattr__(self, "device", device)
         if device not in DEVICES:
-            raise ValueError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+            raise UsageError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         for name, minimum in MINIMUMS.items():
             if getattr(self, name) < minimum:
-                raise ValueError(f"{label(name)} must be >= {minimum}, got {getattr(self, name)}")
+                raise UsageError(f"{label(name)} must be >= {minimum}, got {getattr(self, name)}")
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
-                raise ValueError(f"{label(name)} {getattr(self, name)!r} not in {choices}")
+                raise UsageError(f"{label(name)} {getattr(self, name)!r} not in {choices}")
         if self.kv_precision == "bf16" and device == "NPU":  # NPUW has no bf16 tensors
-            raise ValueError(
+            raise UsageError(
                 f"{label('kv_precision')} 'bf16' is not supported on NPU: NPUW feeds its "
                 "sub-models f16 instead; use 'f16' (the same memory) or 'f32'"
             )
@@ -100,13 +101,13 @@ class PipelineConfig:
         self._check_tiers()
         room = self.prefix_cache_tokens
         if room and not self.paged and room < STORE_BLOCK_TOKENS:
-            raise ValueError(
+            raise UsageError(
                 f"{label('prefix_cache_tokens')} on the static-shape path is a host store"
                 f" of whole blocks of {STORE_BLOCK_TOKENS} tokens: give 0 or at least "
                 f"{STORE_BLOCK_TOKENS}, got {self.prefix_cache_tokens}"
             )
         if self.window_kv == "ring" and room and not self.paged:
-            raise ValueError(
+            raise UsageError(
                 f"{label('window_kv')} 'ring' keeps only a window of each sliding-window layer, "
                 f"but {label('prefix_cache_tokens')} on the static-shape path stores every "
                 "layer's whole past: set window_kv='full', prefix_cache_tokens=0, or use "
@@ -115,7 +116,7 @@ class PipelineConfig:
         if not isinstance(self.npuw_devices, str) or not all(
             NPUW_DEVICE.fullmatch(d.strip()) for d in self.npuw_devices.split(",")
         ):
-            raise ValueError(
+            raise UsageError(
                 f"{label('npuw_devices')} must be a list of NPU, CPU or GPU devices such as "
                 f"'CPU' or 'NPU,CPU', got {self.npuw_devices!r}"
             )
@@ -154,7 +155,7 @@ class PipelineConfig:
                 if fits
                 else f"lower prefill_chunk_size (NPUW_LLM_PREFILL_CHUNK_SIZE) to at most {length}"
             )
-            raise ValueError(
+            raise UsageError(
                 f"MAX_PROMPT_LEN {self.max_prompt_len}{rounded} is beyond the model's trained "
                 f"context of {length} positions ({where}); {advice}"
             )
@@ -180,13 +181,13 @@ class PipelineConfig:
             }
             clash = [what for what, bad in sdpa_only.items() if bad]
             if clash:
-                raise ValueError(
+                raise UsageError(
                     f"{label('attention_backend')} 'pa' runs on CPU only, with one "
                     f"dynamic model and no views to bind; not with {', '.join(clash)}: "
                     "use attention_backend='sdpa'"
                 )
         elif self.kv_precision == "u8" and not self.paged:
-            raise ValueError(
+            raise UsageError(
                 f"{label('kv_precision')} 'u8' needs {label('attention_backend')} 'pa' on CPU "
                 "(the device quantises the cache blocks there)"
             )
@@ -199,19 +200,19 @@ class PipelineConfig:
         if self.paged:
             return
         if self.prefix_cache_host_tokens:
-            raise ValueError(
+            raise UsageError(
                 f"{label('prefix_cache_host_tokens')} applies to attention_backend='pa' (the "
                 "block manager's host tier); the static-shape path (NPU, attention_backend="
                 "'sdpa') keeps its prefix store on the host already: use prefix_cache_tokens"
             )
         if self.max_num_seqs != MAX_NUM_SEQS:
-            raise ValueError(
+            raise UsageError(
                 f"{label('max_num_seqs')} applies to attention_backend='pa', where several "
                 "sequences run in batched steps; the static-shape path (NPU, attention_backend="
                 "'sdpa') runs one sequence at a time: leave it unset"
             )
         if self.kv_window_shares is not None:
-            raise ValueError(
+            raise UsageError(
                 f"{label('kv_window_shares')} applies to attention_backend='pa', where the "
                 "block manager sizes one pool per window; the static-shape path (NPU, "
                 "attention_backend='sdpa') has no window pools: leave it unset"
@@ -226,19 +227,19 @@ class PipelineConfig:
         if self.paged:
             where = "PagedAttention"
         if self.optimize_v_tensors:
-            raise ValueError(
+            raise UsageError(
                 f"{label('optimize_v_tensors')} YES stores V transposed ([1, H, D, S]) in the "
                 f"static models (device NPU or static_models=True); {where} keeps V as "
                 "[1, H, S, D]. Leave it unset, set it NO, or use static_models=True"
             )
         if self.prefill_attention == "static":
-            raise ValueError(
+            raise UsageError(
                 f"{label('prefill_attention')} 'static' shapes the static models (device NPU "
                 f"or static_models=True); {where} runs every chunk over exactly the past "
                 "before it"
             )
         if self.generate_pyramid and not self.paged:
-            raise ValueError(
+            raise UsageError(
                 f"{label('generate_pyramid')} YES shapes the static models (device NPU or "
                 f"static_models=True); {where} reads the whole buffer at each step"
             )
@@ -265,7 +266,7 @@ class PipelineConfig:
             return None
         name = key if key in known else ALIASES.get(upper, key.lower())
         if name not in known:
-            raise ValueError(
+            raise UsageError(
                 f"unknown setting {key!r}; known: {sorted(known)}, their NPUW names "
                 f"{sorted(ALIASES)}, or OpenVINO properties {list(PASSTHROUGH)} / NPUW_*"
             )
@@ -284,7 +285,7 @@ class PipelineConfig:
                 continue
             value = normalize(name, value)
             if name in given and values[name] != value:
-                raise ValueError(
+                raise UsageError(
                     f"{given[name]}={values[name]!r} and {key}={value!r} set the same setting "
                     f"({name}) to different values; pass one of them"
                 )

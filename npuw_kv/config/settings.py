@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import UsageError
 from ..kv.blocks.shares import format_shares, parse_window_shares
 
 DEVICES = ("CPU", "NPU")
@@ -128,18 +129,18 @@ def _as_bool(key: str, value: Any) -> bool:
         return True
     if text in ("NO", "FALSE", "0", "OFF"):
         return False
-    raise ValueError(f"{key}={value!r}: expected True/False or YES/NO")
+    raise UsageError(f"{key}={value!r}: expected True/False or YES/NO")
 
 
 def _as_int(key: str, value: Any) -> int:
     if isinstance(value, bool):  # an int subclass, but never meant as a size
-        raise ValueError(f"{key}={value!r}: expected an integer")
+        raise UsageError(f"{key}={value!r}: expected an integer")
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r}: expected an integer") from None
+        raise UsageError(f"{key}={value!r}: expected an integer") from None
     if isinstance(value, float) and value != number:
-        raise ValueError(f"{key}={value!r}: expected an integer")
+        raise UsageError(f"{key}={value!r}: expected an integer")
     return number
 
 
@@ -149,8 +150,9 @@ def normalize(name: str, value: Any) -> Any:
         return _as_int(name, value)
     if name in _BOOLS and not (name in _AUTO_BOOLS and value is None):
         return _as_bool(name, value)
-    if name in _LOWER:
-        return str(value).lower()
+    if name in _LOWER:  # an ov.Type (as genai's users write kv_cache_precision) by its name
+        get = getattr(value, "get_type_name", None)
+        return (get() if callable(get) else str(value)).lower()
     if name == "kv_window_shares" and value is not None:  # canonical text, checked
         return format_shares(parse_window_shares(value, label(name)))
     return value

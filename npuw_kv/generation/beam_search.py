@@ -30,6 +30,7 @@ import numpy as np
 
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
+from ..errors import UsageError
 from ..runtime.paged.batch import BatchEngine
 from .logits_process import banned_ngram_ends
 from .stopping import StopStrings
@@ -333,6 +334,6 @@ class BeamJob:
 def check_beam_request(config: GenerationConfig, streamer: Any, constraint: Any) -> None:
     """What beam search refuses, as genai does, before any work."""
     if streamer is not None:  # as genai: its streamer takes greedy / sampled tokens only
-        raise ValueError(f"a streamer cannot follow beam search (num_beams={config.num_beams})")
+        raise UsageError(f"a streamer cannot follow beam search (num_beams={config.num_beams})")
     if constraint is not None:
-        raise ValueError("structured output is not supported with num_beams > 1")
+        raise UsageError("structured output is not supported with num_beams > 1")

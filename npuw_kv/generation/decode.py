@@ -15,6 +15,7 @@ import numpy as np
 
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
+from ..errors import UsageError
 from ..runtime.runner import Runner
 from .logits_process import LogitsConstraint
 from .sampling import Sampler
@@ -46,7 +47,7 @@ def decode_loop(
     ``rng``: the sample's random generator (:func:`sample_rng`).
     """
     if config.structured_output_config is not None and constraint is None:
-        raise ValueError(
+        raise UsageError(
             "structured_output_config is set but no constraint was built from it "
             "(npuw_kv.generation.structured builds one for generate_tokens' constraint argument)"
         )
@@ -163,9 +164,9 @@ def generate_sequences(
     several sequences (genai refuses it too)."""
     n = config.num_return_sequences
     if n > 1 and streamer is not None:
-        raise ValueError(f"a streamer takes one sequence, not num_return_sequences={n}")
+        raise UsageError(f"a streamer takes one sequence, not num_return_sequences={n}")
     if config.num_beams > 1:  # the pipeline sends these to npuw_kv.generation.beam_search
-        raise ValueError(f"num_beams={config.num_beams}: beam search is beam_search.beam_search's")
+        raise UsageError(f"num_beams={config.num_beams}: beam search is beam_search.beam_search's")
     return [
         generate_tokens(
             runner,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..runtime.runner import SPECULATIVE_PATH, Runner
 
 
@@ -71,7 +72,7 @@ def resolve_draft(value: Any) -> DraftModel:
     recorded = _GENAI_DRAFTS.get(id(value))
     if recorded is not None:
         return recorded
-    raise ValueError(
+    raise UsageError(
         f"draft_model={type(value).__name__} cannot be read: openvino_genai.draft_model "
         "returns an opaque object whose path Python cannot see, and this one was made before "
         "npuw_kv could record it (import npuw_kv after openvino_genai, before calling "
@@ -93,11 +94,11 @@ def build_draft(
     merged = {**settings, **draft.properties}
     config = PipelineConfig.from_kwargs(draft.device or main_device, **merged)
     if not config.paged:
-        raise ValueError(f"draft_model on {config.device}: {SPECULATIVE_PATH}")
+        raise UsageError(f"draft_model on {config.device}: {SPECULATIVE_PATH}")
     path = resolve_model(draft.path, zero_points=config.gguf_zero_points)
     core = ov.Core()
     capacity = config.kv_capacity(trained_context(path))
     built = build_runner(core, path, read_ir(core, path), config, capacity, merged)
     if not built.config.paged:  # PagedAttention did not compile: auto fell back
-        raise ValueError(f"draft_model: {SPECULATIVE_PATH}")
+        raise UsageError(f"draft_model: {SPECULATIVE_PATH}")
     return built.runner, built.vocab_size

@@ -20,6 +20,8 @@ from typing import Any
 
 import openvino_genai
 
+from ..errors import UsageError
+
 INSTALL_HINT = "pip install 'npuw-kv[structured]' (or: pip install xgrammar)"
 
 # StructuredOutputConfig's grammar fields; genai allows exactly one of them to be set
@@ -52,7 +54,7 @@ def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except (TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"structured output: {what} is not valid JSON: {exc}") from None
+        raise UsageError(f"structured output: {what} is not valid JSON: {exc}") from None
 
 
 def structural_tag_format(tag: Any) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def structural_tag_format(tag: Any) -> dict[str, Any]:
     if isinstance(tag, str):
         value = _json(tag, "a structural tag given as a string")
         if not isinstance(value, dict):
-            raise ValueError(f"structured output: a structural tag must be a JSON object: {tag!r}")
+            raise UsageError(f"structured output: a structural tag must be a JSON object: {tag!r}")
         return value
     if isinstance(tag, soc.Regex):
         return {"type": "regex", "pattern": tag.value}
@@ -117,7 +119,7 @@ def structural_tag_format(tag: Any) -> dict[str, Any]:
             "at_least_one": False,
             "stop_after_first": False,
         }
-    raise ValueError(f"structured output: unsupported structural tag {tag!r}")
+    raise UsageError(f"structured output: unsupported structural tag {tag!r}")
 
 
 def structural_tag_json(value: Any) -> str:
@@ -134,14 +136,14 @@ def grammar_source(config: Any) -> tuple[str, str]:
     given = {name: getattr(config, name, None) for name in GRAMMAR_FIELDS}
     given = {name: value for name, value in given.items() if value is not None}
     if len(given) != 1:
-        raise ValueError(
+        raise UsageError(
             "structured_output_config must set exactly one of "
             f"{', '.join(GRAMMAR_FIELDS)}; got {sorted(given) or 'none'}"
         )
     ((name, value),) = given.items()
     if name in ("json_schema", "regex", "grammar"):
         if not isinstance(value, str):
-            raise ValueError(f"structured_output_config.{name} must be a string, got {value!r}")
+            raise UsageError(f"structured_output_config.{name} must be a string, got {value!r}")
         return ("ebnf" if name == "grammar" else name), value
     return "structural_tag", structural_tag_json(value)
 
@@ -160,7 +162,7 @@ def compile_grammar(compiler: Any, kind: str, text: str) -> Any:
         return compiler.compile_structural_tag(text)
     except (RuntimeError, ValueError, TypeError) as exc:
         label = {"json_schema": "JSON schema", "ebnf": "EBNF grammar"}.get(kind, kind)
-        raise ValueError(
+        raise UsageError(
             f"structured output: xgrammar rejected the {label.replace('_', ' ')}: "
             f"{xgrammar_message(exc)}"
         ) from None

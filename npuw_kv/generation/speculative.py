@@ -29,6 +29,7 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.perf_metrics import PerfMetrics
 from ..api.speculative_metrics import ModelCalls, SDPerfMetrics, SDPerModelsPerfMetrics
+from ..errors import UsageError
 from ..runtime.runner import SPECULATIVE_PATH, Runner
 from .candidates import CandidateSource, DraftProposer, PromptLookup
 from .draft import DraftModel, build_draft, resolve_draft
@@ -165,35 +166,35 @@ def check_config(config: GenerationConfig, mode: str | None) -> None:
     given = assisted_fields(config)
     if mode is None:
         if given:
-            raise ValueError(
+            raise UsageError(
                 f"{given[0]}={getattr(config, given[0])!r} needs assisted generation: create "
                 "the pipeline with prompt_lookup=True or draft_model=..."
             )
         return
     for name in ("num_return_sequences", "num_beams"):  # as genai: one sequence verified
         if getattr(config, name) > 1:
-            raise ValueError(
+            raise UsageError(
                 f"{name}={getattr(config, name)} is not compatible with {mode} (one sequence "
                 "is verified at a time)"
             )
     if mode == "prompt_lookup":
         if not config.num_assistant_tokens or not config.max_ngram_size:
-            raise ValueError(
+            raise UsageError(
                 "prompt_lookup=True needs num_assistant_tokens and max_ngram_size > 0 in the "
                 "generation config"
             )
         if config.assistant_confidence_threshold:
-            raise ValueError(
+            raise UsageError(
                 "assistant_confidence_threshold needs a draft model (draft_model=), not "
                 "prompt_lookup"
             )
         return
     if config.max_ngram_size:
-        raise ValueError(
+        raise UsageError(
             f"max_ngram_size={config.max_ngram_size} is for prompt_lookup=True, not draft_model"
         )
     if config.assistant_confidence_threshold and config.num_assistant_tokens:
-        raise ValueError(
+        raise UsageError(
             "num_assistant_tokens and assistant_confidence_threshold are mutually exclusive "
             "(as in openvino_genai): set one of them"
         )
@@ -219,12 +220,12 @@ def plan(given: Mapping[str, Any], config: Any) -> Plan:
     """Check the settings before anything is compiled: the mode and the draft to load."""
     lookup, draft = given.get("prompt_lookup", False), given.get("draft_model")
     if not isinstance(lookup, (bool, np.bool_)):
-        raise ValueError(f"prompt_lookup must be True or False, got {lookup!r}")
+        raise UsageError(f"prompt_lookup must be True or False, got {lookup!r}")
     if lookup and draft is not None:
-        raise ValueError("prompt_lookup=True and draft_model= are exclusive: give one")
+        raise UsageError("prompt_lookup=True and draft_model= are exclusive: give one")
     mode = "prompt_lookup" if lookup else "draft_model" if draft is not None else None
     if mode is not None and not config.paged:
-        raise ValueError(f"{mode}: {SPECULATIVE_PATH}")
+        raise UsageError(f"{mode}: {SPECULATIVE_PATH}")
     return mode, resolve_draft(draft) if draft is not None else None
 
 
@@ -248,7 +249,7 @@ class Assisted:
             return cls(mode)
         runner, vocab = build_draft(draft, pipe.config.device, settings)
         if vocab != pipe.vocab_size:
-            raise ValueError(
+            raise UsageError(
                 f"draft_model has a vocabulary of {vocab} tokens, the model {pipe.vocab_size}: "
                 "the draft must share the main model's tokenizer"
             )

@@ -19,6 +19,8 @@ from typing import Any
 
 import openvino_genai
 
+from ..errors import UsageError
+
 
 class StopStrings:
     def __init__(self, tokenizer: Any, stops: Iterable[str], include: bool = False) -> None:
@@ -71,7 +73,7 @@ class TextSink:
         self.sent.append(text)
         if status is None or isinstance(status, (bool, openvino_genai.StreamingStatus)):
             return status
-        raise ValueError(
+        raise UsageError(
             "a streamer must return None, a bool or an openvino_genai.StreamingStatus, "
             f"got {status!r}"
         )
@@ -120,7 +122,7 @@ class TokenOutput:
             self.sink = TextSink(streamer)
             self.streamer = openvino_genai.TextStreamer(tokenizer, self.sink)
         else:
-            raise ValueError(
+            raise UsageError(
                 "streamer must be a callable taking text or an openvino_genai.StreamerBase, "
                 f"got {type(streamer).__name__}"
             )

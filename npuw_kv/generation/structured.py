@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import openvino_genai
 
+from ..errors import UsageError
 from .grammar import compile_grammar, grammar_source, xgrammar_message, xgrammar_module
 
 # -- the tokenizer's vocabulary as xgrammar wants it -----------------------------------------
@@ -67,12 +68,12 @@ def tokenizer_vocab(tokenizer: openvino_genai.Tokenizer) -> list[bytes]:
     try:
         mapping = tokenizer.get_vocab()
     except RuntimeError as exc:
-        raise ValueError(
+        raise UsageError(
             "structured output needs the tokenizer's vocabulary, which this tokenizer does not "
             f"expose (no detokenizer IR with a VocabDecoder?): {xgrammar_message(exc)}"
         ) from exc
     if not mapping:
-        raise ValueError("structured output needs the tokenizer's vocabulary, which is empty")
+        raise UsageError("structured output needs the tokenizer's vocabulary, which is empty")
     vocab = [b""] * (max(mapping.values()) + 1)
     for piece, index in mapping.items():
         vocab[index] = piece if isinstance(piece, bytes) else str(piece).encode()
@@ -175,12 +176,12 @@ class GrammarConstraint:
     def apply(self, logits: np.ndarray) -> np.ndarray:
         logits = np.asarray(logits)
         if logits.shape != (self.vocab_size,):
-            raise ValueError(
+            raise UsageError(
                 f"expected one row of {self.vocab_size} logits, got shape {list(logits.shape)}"
             )
         allowed = self.allowed()
         if not allowed.any():
-            raise ValueError(
+            raise UsageError(
                 "structured output: no token can continue the grammar here"
                 + (" (it is complete and has no stop token)" if self.done() else "")
             )
@@ -191,17 +192,17 @@ class GrammarConstraint:
     def accept(self, token: int) -> None:
         token = int(token)
         if self._matcher.is_terminated():
-            raise ValueError(
+            raise UsageError(
                 f"structured output: token {token} after the grammar ended (a stop token was "
                 "accepted); check done() before generating more"
             )
         if not (0 <= token < self.vocab_size and self.allowed()[token]):
-            raise ValueError(
+            raise UsageError(
                 f"structured output: token {token} ({self._text(token)}) is not allowed by the "
                 f"grammar after {self._tail()}"
             )
         if not self._matcher.accept_token(token):  # the mask said yes: xgrammar disagrees
-            raise ValueError(f"structured output: xgrammar refused token {token}")
+            raise UsageError(f"structured output: xgrammar refused token {token}")
         self.tokens.append(token)
         self._allowed = None
 
@@ -234,7 +235,7 @@ def _stop_ids(eos_token_ids: Any, tokenizer: openvino_genai.Tokenizer, size: int
     elif isinstance(eos_token_ids, Iterable):
         ids = [int(i) for i in eos_token_ids]
     else:
-        raise ValueError(f"eos_token_ids must be an id or ids, got {eos_token_ids!r}")
+        raise UsageError(f"eos_token_ids must be an id or ids, got {eos_token_ids!r}")
     ids = [i for i in ids if 0 <= i < size]  # genai's unset eos is -1
     if not ids:
         eos = int(tokenizer.get_eos_token_id())
@@ -260,7 +261,7 @@ def constraint_for(
         return None
     kind, text = grammar_source(structured_output_config)
     if vocab_size <= 0:
-        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        raise UsageError(f"vocab_size must be positive, got {vocab_size}")
     backend = _backend(tokenizer, int(vocab_size))
     compiled = compile_grammar(backend.compiler, kind, text)
     stops = _stop_ids(eos_token_ids, tokenizer, int(vocab_size))

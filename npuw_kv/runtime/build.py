@@ -22,7 +22,7 @@ import openvino as ov
 from ..config.decide import Decided, decide
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import MAX_NUM_SEQS, STORE_BLOCK_TOKENS, label
-from ..errors import CompileError, last_line
+from ..errors import CompileError, UsageError, last_line
 from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
 from ..kv.cache import KVSpec, SharedKVCache
@@ -190,6 +190,8 @@ class _Builder:
     def compile(self, compile_: Callable[[], T]) -> T:
         try:
             return compile_()
+        except UsageError:  # ours (also RuntimeErrors): already names the setting
+            raise
         except RuntimeError as exc:
             given = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
             raise CompileError(

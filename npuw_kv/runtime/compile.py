@@ -12,7 +12,7 @@ from ..config import decide
 from ..config.decide import Decided
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
-from ..errors import CompileError, ModelLayoutError, last_line
+from ..errors import CompileError, ModelLayoutError, UsageError, last_line
 from ..kv.shapes import StaticShapes
 from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
@@ -147,7 +147,7 @@ def compile_requests(
         try:
             return compile_all(props)
         except RuntimeError as exc:
-            if props.get("NPUW_FOLD") != "YES":
+            if props.get("NPUW_FOLD") != "YES" or isinstance(exc, UsageError):
                 raise
             reason = last_line(exc)
             if "NPUW_FOLD" in config.compile_properties:
