@@ -319,13 +319,16 @@ def test_bench_chunk_reaches_npuw_llm_as_well_as_ours(monkeypatch):
 
 
 def test_bench_concurrency_runs_both_pipelines_on_the_same_batch(capsys):
+    """A list of prompts, the same prompts from as many threads, and genai's pipeline: the
+    same greedy texts from all three."""
     argv = ["bench", "--concurrency", "2", "--new-tokens", "4", "--prompt-len", "20"]
     assert main([*argv, "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
-    assert [r[1] for r in rows[:2]] == ["npuw-kv", "genai-cpu"], out
-    assert rows[1][-1] == "True", out  # the same greedy texts
-    assert re.search(r"2  npuw-kv / genai-cpu throughput x\d+\.\d\d", out), out
+    assert [r[1] for r in rows[:3]] == ["npuw-kv", "npuw-kv-threads", "genai-cpu"], out
+    assert rows[1][-1] == rows[2][-1] == "True", out  # the same greedy texts
+    ratios = r"2  throughput against genai-cpu: npuw-kv x\d+\.\d\d, npuw-kv-threads x\d+\.\d\d"
+    assert re.search(ratios, out), out
     with pytest.raises(SystemExit):
         main(["bench", "--concurrency", "0"])
     assert "--concurrency takes counts >= 1" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """``npuw-kv bench --concurrency N``: N prompts submitted together, npuw-kv's paged path beside
-openvino-genai's CPU pipeline (its continuous-batching scheduler, defaults as a user gets them).
+openvino-genai's CPU pipeline (its continuous-batching scheduler, defaults as a user gets them):
+npuw-kv as one ``generate(list_of_prompts)`` and as N threads calling ``generate(prompt)`` at
+once (``npuw-kv-threads``: they join one batch).
 
 Each runtime and N runs in its own process (its peak RSS is its own), warms up once with the
 same batch, then times ``repeats`` calls of ``generate(list_of_prompts)`` (greedy,
@@ -21,7 +23,29 @@ import numpy as np
 
 from .bench_worker import _peak_rss_mb, worker_result
 
-BATCH_RUNTIMES = ("npuw-kv", "genai-cpu")
+BATCH_RUNTIMES = ("npuw-kv", "npuw-kv-threads", "genai-cpu")
+
+
+def _threaded(pipe: Any, prompts: list[str], config: Any) -> tuple[list[str], int, list[float]]:
+    """Each prompt from its own thread, all started at once (they join one batch): the
+    texts, the tokens generated and each request's time to first token (µs)."""
+    import threading
+
+    start = threading.Barrier(len(prompts))
+    out: list[Any] = [None] * len(prompts)
+
+    def call(i: int) -> None:
+        start.wait()
+        out[i] = pipe.generate(prompts[i], config)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    generated = sum(r.perf_metrics.get_num_generated_tokens() for r in out)
+    ttfts = [t for r in out for t in r.perf_metrics.raw_metrics.m_times_to_first_token]
+    return [str(r) for r in out], generated, ttfts
 
 
 def batch_prompts(tokenizer: Any, n: int, prompt_len: int) -> list[str]:
@@ -50,11 +74,11 @@ def measure_batch(
 
     from ..model.source import resolve_model
 
-    if runtime == "npuw-kv":
+    if runtime.startswith("npuw-kv"):
         from ..pipeline import LLMPipeline  # before the tokenizer: see bench_worker.measure
     model_dir = resolve_model(model, log=lambda *a, **k: None)
     prompts = batch_prompts(openvino_genai.Tokenizer(str(model_dir)), n, prompt_len)
-    if runtime == "npuw-kv":
+    if runtime.startswith("npuw-kv"):
         pipe: Any = LLMPipeline(model_dir, "CPU", **extra)
     elif runtime == "genai-cpu":
         props = dict(extra)
@@ -70,13 +94,15 @@ def measure_batch(
     best: dict[str, Any] = {}
     for i in range(repeats + 1):
         start = time.perf_counter()
-        out = pipe.generate(prompts, config)
+        if runtime == "npuw-kv-threads":
+            texts, generated, ttfts = _threaded(pipe, prompts, config)
+        else:
+            out = pipe.generate(prompts, config)
+            texts, generated = list(out.texts), out.perf_metrics.get_num_generated_tokens()
+            ttfts = list(out.perf_metrics.raw_metrics.m_times_to_first_token)  # µs, per request
         seconds = time.perf_counter() - start
         if i == 0:
             continue  # the warm-up
-        metrics = out.perf_metrics
-        generated = metrics.get_num_generated_tokens()
-        ttfts = list(metrics.raw_metrics.m_times_to_first_token)  # µs, one per request
         if not best or seconds < best["seconds"]:
             first = max(ttfts) / 1e6 if ttfts else 0.0
             best = {
@@ -87,7 +113,7 @@ def measure_batch(
                 "ttft_p95_s": float(np.percentile(ttfts, 95)) / 1e6 if ttfts else None,
                 # a request's time per output token once every request has its first one
                 "tpot_ms": 1000 * (seconds - first) / max(new_tokens - 1, 1),
-                "texts": list(out.texts),
+                "texts": texts,
             }
     return {"runtime": runtime, "n": n, **best, "peak_rss_mb": _peak_rss_mb()}
 
@@ -121,7 +147,8 @@ def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> 
         rows = []
         for runtime in BATCH_RUNTIMES:
             print(f"  running {runtime} at N={n} ...", file=sys.stderr, flush=True)
-            rows.append(_worker(runtime, n, args, ours if runtime == "npuw-kv" else theirs))
+            extra = theirs if runtime == "genai-cpu" else ours
+            rows.append(_worker(runtime, n, args, extra))
         texts = rows[0].get("texts")
         for r in rows:
             if "error" in r:
@@ -136,6 +163,7 @@ def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> 
                 f"{r['tpot_ms']:>10.1f}{r['peak_rss_mb']:>13.0f}  {same}"
             )
         if all("error" not in r for r in rows):
-            ratio = rows[0]["tok_s"] / rows[1]["tok_s"]
-            print(f"{n:>3}  npuw-kv / genai-cpu throughput x{ratio:.2f}", flush=True)
+            genai = rows[-1]["tok_s"]
+            ratios = ", ".join(f"{r['runtime']} x{r['tok_s'] / genai:.2f}" for r in rows[:-1])
+            print(f"{n:>3}  throughput against genai-cpu: {ratios}", flush=True)
     return 1 if failed else 0
