@@ -146,6 +146,13 @@ def test_assisted_fields_need_a_speculative_pipeline(f32_pipe, count_ids, name, 
         ({"stop_token_ids": {-3}}, "stop_token_ids must be non-negative"),
         ({"logprobs": -1}, "logprobs must be >= 0"),
         ({"echo": "yes"}, "echo must be True or False"),
+        ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"do_sample": True, "temperature": float("inf")}, "temperature must be a finite"),
+        ({"top_p": float("nan")}, "top_p must be a finite number"),
+        ({"min_p": float("-inf")}, "min_p must be a finite number"),
+        ({"presence_penalty": float("nan")}, "presence_penalty must be a finite number"),
+        ({"length_penalty": float("inf")}, "length_penalty must be a finite number"),
     ],
 )
 def test_bad_values_name_the_field(settings, message):

@@ -33,6 +33,20 @@ _REFUSED: dict[str, tuple[Any, str]] = {
 }
 
 
+# float fields: numbers, and finite
+_NUMBERS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "length_penalty",
+    "diversity_penalty",
+    "assistant_confidence_threshold",
+)
+
+
 @dataclass
 class GenerationConfig:
     """Per-call generation settings, named and defaulted as ``openvino_genai.GenerationConfig``."""
@@ -105,9 +119,8 @@ class GenerationConfig:
             self._check_int("eos_token_id", low=-1)
             if self.eos_token_id == -1:  # genai's "unset"
                 self.eos_token_id = None
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty"):
+        for name in _NUMBERS:
             self._check_number(name)
-        self._check_number("frequency_penalty")
         if self.do_sample and self.temperature <= 0:
             raise UsageError(f"temperature must be > 0 when sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -187,6 +200,8 @@ class GenerationConfig:
         value = getattr(self, name)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
             raise UsageError(f"{name} must be a number, got {value!r}")
+        if not np.isfinite(value):  # NaN or inf would sample nonsense (or nothing) silently
+            raise UsageError(f"{name} must be a finite number, got {value!r}")
 
     def stop_ids(self) -> set[int]:
         """Tokens that end generation: ``stop_token_ids`` and ``eos_token_id`` (which the
