@@ -137,3 +137,25 @@ def test_an_absurd_length_is_refused_before_compiling(smol_dir, device, monkeypa
         LLMPipeline(
             smol_dir, device, attention_backend="sdpa", max_prompt_len=10**9, prefill_chunk_size=64
         )
+
+
+def test_a_prompt_past_the_tokenizers_own_cut_is_never_shortened(smol_dir):
+    """SmolLM2's tokenizer IR cuts at 8192 tokens from the left (openvino-genai applies it
+    whatever ``truncation`` says): the pipeline's tokenizer gives every token, so a long prompt
+    is refused with its real length instead of losing its beginning."""
+    import openvino_genai
+
+    from npuw_kv.errors import CapacityError
+
+    text = "word " * 9000 + "\nHow many words?"
+    cut = openvino_genai.Tokenizer(str(smol_dir)).encode(text).input_ids.data.size
+    assert cut == 8192  # what a plain genai tokenizer of this IR gives
+    pipe = make_pipe(smol_dir, "CPU")
+    whole = pipe.encode(text, template=False).size
+    assert whole > 9000
+    with pytest.raises(CapacityError, match=f"prompt has {whole} tokens"):
+        pipe.generate(text, apply_chat_template=False, max_new_tokens=2)
+    assert pipe.encode("Hello there", template=False).tolist() == [
+        int(i)
+        for i in openvino_genai.Tokenizer(str(smol_dir)).encode("Hello there").input_ids.data[0]
+    ]

@@ -17,6 +17,7 @@ import numpy as np
 import openvino_genai
 
 from ..errors import ModelLoadError, UsageError, last_line
+from ..model.tokenizer_ir import untruncated_tokenizer
 from .inputs import Prompt
 from .perf_metrics import CallTimer
 
@@ -24,14 +25,17 @@ T = TypeVar("T")
 
 
 def load_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer:
-    """openvino-genai's tokenizer of a model directory; IRs that do not load raise a
-    ``ModelLoadError`` naming the directory."""
+    """openvino-genai's tokenizer of a model directory, without the length cut its IR bakes
+    in (:mod:`npuw_kv.model.tokenizer_ir`: no prompt is cut silently); IRs that do not load
+    raise a ``ModelLoadError`` naming the directory."""
     try:
-        return openvino_genai.Tokenizer(str(model_dir))
+        tokenizer = openvino_genai.Tokenizer(str(model_dir))
     except RuntimeError as exc:
         raise ModelLoadError(
             f"cannot load the tokenizer IRs in {model_dir} ({last_line(exc)})"
         ) from exc
+    whole = untruncated_tokenizer(model_dir)
+    return tokenizer if whole is None else whole
 
 
 def _ids(encoded: Any) -> np.ndarray:
