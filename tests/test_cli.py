@@ -82,6 +82,23 @@ def test_chat_repl_keeps_going_until_exit():
     assert len(proc.stdout.replace("> ", "").strip()) > 10  # two answers were streamed
 
 
+def test_chat_commands_are_the_repls_and_never_reach_the_model():
+    """/help lists the commands, /reset says it cleared the history, an unknown /command and a
+    line of NUL bytes are refused by the REPL: no answer is generated for any of them."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "npuw_kv.cli", "chat", "-n", "4"],
+        input="/help\n/bogus and more\n\x00\x00\n/reset\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "/reset" in proc.stderr and "/exit" in proc.stderr  # the /help list
+    assert "unknown command /bogus: /help lists the commands" in proc.stderr
+    assert "only NUL bytes" in proc.stderr and "[history cleared]" in proc.stderr
+    assert proc.stdout.replace("> ", "").strip() == ""  # the model said nothing
+
+
 def test_chat_repl_drops_old_exchanges_instead_of_failing():
     """Past MAX_PROMPT_LEN the REPL says it dropped the oldest exchanges and still answers."""
     proc = subprocess.run(

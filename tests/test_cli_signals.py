@@ -135,6 +135,18 @@ def test_a_reader_gone_before_the_output_is_flushed_is_quiet_too():
     assert err == b""
 
 
+def test_a_stdout_closed_from_the_start_is_quiet_too():
+    """``npuw-kv generate ... >&-``: no stdout at all is a reader gone before the first write:
+    exit 141, nothing on stderr, no work done."""
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$0" "$@" >&-', *CLI, "generate", "-n", "2", "hi"],
+        stderr=subprocess.PIPE,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 141 and proc.stderr == b""
+
+
 @pytest.mark.parametrize("lang", ["C", "C.UTF-8"])  # stdin: surrogateescape / strict by default
 def test_chat_skips_a_line_that_is_not_utf8(lang):
     proc = subprocess.run(

@@ -12,12 +12,20 @@ from typing import Any
 
 from . import terminal as cli_io
 
+COMMANDS = {
+    "/help": "this list",
+    "/reset": "clear the history (the system prompt stays)",
+    "/exit": "quit (also /quit, Ctrl-D)",
+}
+
 
 def chat_session(pipe: Any, args: argparse.Namespace) -> int:
-    """Read messages from stdin until /exit or end of input; /reset starts the chat afresh."""
+    """Read messages from stdin until /exit or end of input; /reset starts the chat afresh.
+    A line starting with ``/`` is a command of the session, never a message (``//`` sends
+    a message that starts with ``/``)."""
     pipe.start_chat(args.system or "")
     cli_io.tolerate_stdin_bytes()
-    banner = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops an answer"
+    banner = "/help lists the commands, /exit or Ctrl-D quits, Ctrl-C stops an answer"
     print(f"npuw-kv chat — {banner}", file=sys.stderr)
     while True:
         try:
@@ -32,8 +40,16 @@ def chat_session(pipe: Any, args: argparse.Namespace) -> int:
             return 0
         if line == "/reset":
             pipe.start_chat(args.system or "")
+            print("[history cleared]", file=sys.stderr)
+        elif line == "/help":
+            for name, what in COMMANDS.items():
+                print(f"  {name:<7} {what}", file=sys.stderr)
+        elif line.startswith("/") and not line.startswith("//"):
+            cli_io.error(f"unknown command {line.split()[0]}: /help lists the commands")
+        elif line.strip("\x00"):  # a line of NUL bytes (binary input) is no message
+            _chat_turn(pipe, line[1:] if line.startswith("//") else line, args)
         elif line:
-            _chat_turn(pipe, line, args)
+            cli_io.error("the line holds only NUL bytes, skipped")
 
 
 def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:

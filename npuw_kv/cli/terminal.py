@@ -134,7 +134,10 @@ def _flush_or_silence(stream: Any) -> None:
 
 
 def run(command: Callable[[], int]) -> int:
-    """``command()``'s exit code; Ctrl-C and a closed stdout end it as a shell expects."""
+    """``command()``'s exit code; Ctrl-C and a closed stdout end it as a shell expects (a
+    stdout closed before the start, ``>&-``, is the reader gone before the first write)."""
+    if sys.stdout is None:
+        return EXIT_BROKEN_PIPE
     try:
         code = command()
         sys.stdout.flush()  # a reader gone before the last write shows here, not at exit
