@@ -125,3 +125,27 @@ def test_an_npu_compile_error_names_the_settings_given(smol_dir):
 def test_an_unknown_npuw_device_is_named(smol_dir):
     with pytest.raises(ValueError, match=r"npuw_devices \(NPUW_DEVICES\).*'FOO'"):
         LLMPipeline(smol_dir, "NPU", npuw_devices="FOO")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('["a list"]', "holds a JSON list, not an object"),
+        ('{"context_length": -256}', "context_length must be a positive integer, got -256"),
+        ('{"context_length": "long"}', "context_length must be a positive integer"),
+    ],
+)
+def test_a_damaged_source_info_names_the_file(smol_dir, tmp_path, text, message):
+    """A cache entry's npuw_kv_source.json that is not what npuw-kv wrote: one ModelLoadError
+    naming the file and saying the entry can be deleted, before anything compiles."""
+    import shutil
+
+    from npuw_kv.model.ir_cache import SOURCE_INFO
+
+    entry = tmp_path / "entry"
+    shutil.copytree(smol_dir, entry)
+    (entry / SOURCE_INFO).write_text(text)
+    with pytest.raises(ModelLoadError, match=message) as caught:
+        LLMPipeline(entry, "CPU")
+    assert SOURCE_INFO in str(caught.value)

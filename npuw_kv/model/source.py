@@ -19,7 +19,7 @@ import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config.settings import GGUF_ZERO_POINTS
 from ..errors import ModelLoadError, ModelSourceError
@@ -138,6 +138,21 @@ def _source_info(
     return source_info(gguf, fields)
 
 
+def read_json(path: Path) -> dict[str, Any]:
+    """A model directory's JSON file as a dict; a damaged one is a ``ModelLoadError`` naming
+    it (and, for a cache entry, how to have it made again)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(
+            f"{path} is not valid JSON ({exc}); if the directory is an npuw-kv cache entry, "
+            "delete it and it is converted again"
+        ) from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def trained_context(ir_dir: Path) -> tuple[int, str] | None:
     """The model's trained context length and where it was read, or None if nothing says.
 
@@ -146,12 +161,19 @@ def trained_context(ir_dir: Path) -> tuple[int, str] | None:
     """
     source = ir_dir / SOURCE_INFO
     if source.is_file():
-        info = json.loads(source.read_text())
+        info = read_json(source)
         if "context_length" in info:
-            return int(info["context_length"]), str(info["context_length_from"])
+            length = info["context_length"]
+            if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+                raise ModelLoadError(
+                    f"{source}: context_length must be a positive integer, got {length!r}; "
+                    "if the directory is an npuw-kv cache entry, delete it and it is converted "
+                    "again"
+                )
+            return length, str(info.get("context_length_from", source.name))
     config = ir_dir / "config.json"
     if config.is_file():
-        length = json.loads(config.read_text()).get("max_position_embeddings")
+        length = read_json(config).get("max_position_embeddings")
         if isinstance(length, int) and length > 0:
             return length, "config.json max_position_embeddings"
     return None
@@ -169,7 +191,7 @@ def wide_activations(model_dir: Path) -> bool:
     path = model_dir / "config.json"
     if not path.is_file():
         return False
-    config = json.loads(path.read_text())
+    config = read_json(path)
     kind = str((config.get("text_config") or config).get("model_type") or "")
     return kind.startswith(_WIDE_ACTIVATIONS)
 
@@ -188,7 +210,7 @@ def declared_window(model_dir: Path, capacity: int | None = None) -> int | None:
         path = model_dir / name
         if not path.is_file():
             continue
-        config = json.loads(path.read_text())
+        config = read_json(path)
         config = config.get("text_config") or config
         window = config.get("sliding_window")
         if not isinstance(window, int) or window <= 0:
