@@ -238,6 +238,14 @@ class PipelineConfig:
                 f"or static_models=True); {where} runs every chunk over exactly the past "
                 "before it"
             )
+        if self.prefill_attention == "pyramid":
+            warnings.warn(
+                f"{label('prefill_attention')} 'pyramid' shapes the static models (device NPU "
+                f"or static_models=True); {where} already runs every chunk over exactly the "
+                "past before it, as pyramid does: the setting changes nothing here",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         if self.generate_pyramid and not self.paged:
             raise UsageError(
                 f"{label('generate_pyramid')} YES shapes the static models (device NPU or "
