@@ -214,8 +214,10 @@ class _Builder:
                 if isinstance(exc, MemoryError) and str(exc)
                 else f"a KV cache of {kv_capacity} tokens ({last_line(exc)})"
             )
-            raise ValueError(
-                f"cannot allocate {detail}; lower "
-                "max_prompt_len (MAX_PROMPT_LEN), min_response_len (MIN_RESPONSE_LEN) or "
+            lower = (
+                "prefix_cache_host_tokens (PREFIX_CACHE_HOST_TOKENS)"  # the host tier's own
+                if "prefix_cache_host_tokens" in detail
+                else "max_prompt_len (MAX_PROMPT_LEN), min_response_len (MIN_RESPONSE_LEN) or "
                 "prefix_cache_tokens (PREFIX_CACHE_TOKENS)"
-            ) from exc
+            )
+            raise UsageError(f"cannot allocate {detail}; lower {lower}") from exc
