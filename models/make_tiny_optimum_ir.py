@@ -1,4 +1,4 @@
-"""Build a tiny random Llama (or sliding-window Mistral / Qwen2) and export it with optimum-intel.
+"""Build a tiny random Llama (or Mistral / Qwen2 / Granite) and export it with optimum-intel.
 
 Why: npuw-kv also ingests "optimum-intel IR directories" (the layout ``optimum-cli export
 openvino`` writes), whose graphs differ from openvino-genai's GGUF conversion (input and
@@ -16,7 +16,8 @@ torchvision, whose PyPI build breaks ``import transformers`` beside the CPU torc
 Usage::
 
     python models/make_tiny_optimum_ir.py OUT_DIR [--seed 0 --std 0.1 --layers 2 --hidden 64 \
-        --heads 4 --kv-heads 2 --intermediate 128 --arch llama|mistral|qwen2 --sliding-window 16]
+        --heads 4 --kv-heads 2 --intermediate 128 --sliding-window 16 \
+        --arch llama|mistral|qwen2|granite]
 
 ``OUT_DIR`` gets openvino_model.xml/.bin (stateful: inputs input_ids, attention_mask,
 position_ids, beam_idx; KV cache in ReadValue/Assign), openvino_tokenizer.xml,
@@ -117,7 +118,8 @@ def make_tiny_optimum_ir(
 
     ``arch``: ``llama`` (full attention), ``mistral`` (every layer attends to the last
     ``sliding_window`` tokens) or ``qwen2`` (alternating full and sliding-window layers, the
-    hybrid form), for tests of sliding-window attention.
+    hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
+    ``logits_scaling`` after the head) for a model that changes its logits after the head.
 
     The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
     ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
@@ -176,8 +178,24 @@ def _qwen2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[
     return transformers.Qwen2Config, transformers.Qwen2ForCausalLM, extra
 
 
+def _granite(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # logits divided by logits_scaling after the LM head; the other multipliers inside
+    extra = {
+        "logits_scaling": 4.0,
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2,
+    }
+    return transformers.GraniteConfig, transformers.GraniteForCausalLM, extra
+
+
 # arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
-ARCHS = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2}
+ARCHS = {
+    "llama": _llama,
+    "mistral": _mistral,
+    "qwen2": _qwen2,
+    "granite": _granite,
+}
 
 
 def export_hf_dir(hf_dir: Path, out: Path) -> None:

@@ -16,6 +16,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from ..errors import ModelLayoutError
+from .head import head_matmul
 from .transforms import lm_head_on_last
 
 CACHE_PREFIXES = ("key_cache.", "value_cache.")
@@ -145,9 +146,7 @@ def _logits_for_last_token(model: ov.Model) -> None:
     lm_head_on_last(model, logits[0].get_node(), axis=0)
     rows = ops.parameter([-1], ov.Type.i64, name=LOGITS_ROWS)
     rows.output(0).set_names({LOGITS_ROWS})
-    head = logits[0].get_node().input(0).get_source_output().get_node()
-    while head.get_type_name() == "Convert":
-        head = head.input(0).get_source_output().get_node()
+    head = head_matmul(logits[0].get_node())
     last = head.input(0).get_source_output().get_node()  # lm_head_on_last's Slice
     hidden = last.input(0).get_source_output()
     chosen = ops.gather(hidden, rows, ops.constant(np.array(0, np.int64)))

@@ -19,6 +19,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from ..errors import ModelLayoutError
+from .head import head_matmul
 from .layout import KVLayout
 
 EMBEDS_INPUT = "inputs_embeds"
@@ -84,14 +85,9 @@ def _embedding_gather(model: ov.Model) -> ov.Node:
 
 def _head_matmul(model: ov.Model, layout: KVLayout) -> ov.Node:
     """The LM head's MatMul above the logits output: input 0 the hidden state, 1 a weight."""
-    node = model.outputs[layout.logits_output_index].get_node().input_value(0).get_node()
+    logits = model.outputs[layout.logits_output_index].get_node()
+    node = head_matmul(logits, through=("Reshape", "Squeeze", "Unsqueeze"))
     memo: dict[str, bool] = {}
-    while node.get_type_name() in ("Convert", "Reshape", "Squeeze", "Unsqueeze"):
-        node = node.input_value(0).get_node()
-    if node.get_type_name() != "MatMul":
-        raise ModelLayoutError(
-            f"the logits come from {node.get_type_name()}, not the LM head's MatMul"
-        )
     weight = [parameter_free(node.input_value(i), memo) for i in range(2)]
     if weight != [False, True]:
         raise ModelLayoutError("the LM head's MatMul does not multiply the hidden by a weight")

@@ -14,6 +14,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import stateful_to_stateless_transformation
 
 from ..errors import ModelLayoutError
+from .head import head_matmul
 from .layout import KVLayout, KVPort
 from .ring import mask_input
 from .split import EMBEDS_INPUT
@@ -77,11 +78,7 @@ def logits_for_last_position(model: ov.Model, layout: KVLayout) -> None:
 
 def lm_head_on_last(model: ov.Model, logits: ov.Node, axis: int) -> None:
     """Feed the MatMul behind the ``logits`` Result only the last row along ``axis``."""
-    head = logits.input(0).get_source_output().get_node()
-    while head.get_type_name() == "Convert":
-        head = head.input(0).get_source_output().get_node()
-    if head.get_type_name() != "MatMul":
-        raise ModelLayoutError(f"logits are not produced by a MatMul (got {head.get_type_name()})")
+    head = head_matmul(logits)
     hidden = head.input(0).get_source_output()
     last = ops.slice(
         hidden,

@@ -1,0 +1,95 @@
+"""Decoder families whose graphs differ from Llama's where npuw-kv rewrites them.
+
+Granite divides its logits by ``logits_scaling`` after the LM head, Gemma 2 softcaps them
+(``tanh(x / cap) * cap``): the head is cut to the rows the runtime needs through those steps,
+which work token by token.  Granite is built here (models/make_tiny_optimum_ir.py) and checked
+against openvino-genai on every path; Gemma 2's form (which optimum-intel 2.2 does not export
+with this transformers) is checked on a graph of its shape.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+import openvino_genai
+import pytest
+
+from npuw_kv import LLMPipeline
+from npuw_kv.config.settings import EXACT_F32
+from npuw_kv.errors import ModelLayoutError
+from npuw_kv.model.head import head_matmul
+from npuw_kv.model.transforms import lm_head_on_last
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
+
+NEW = 24
+PATHS = {
+    "CPU/pa": ("CPU", {"attention_backend": "pa", "kv_precision": "f32"}),
+    "CPU/sdpa": ("CPU", {"attention_backend": "sdpa"}),
+    "NPU": ("NPU", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def granite_dir(tmp_path_factory) -> Path:
+    return make_tiny_optimum_ir(tmp_path_factory.mktemp("granite"), arch="granite", std=0.3, seed=3)
+
+
+@pytest.fixture(scope="module")
+def prompt() -> np.ndarray:
+    return (np.arange(300, dtype=np.int64) * 37) % 5000 + 50
+
+
+@pytest.fixture(scope="module")
+def genai_tokens(granite_dir: Path, prompt: np.ndarray) -> list[int]:
+    pipe = openvino_genai.LLMPipeline(
+        str(granite_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32
+    )
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = NEW, True
+    return [int(t) for t in pipe.generate(ov.Tensor(prompt[None]), config).tokens[0]]
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_granite_scaled_logits_give_genais_tokens(granite_dir, prompt, genai_tokens, path):
+    device, extra = PATHS[path]
+    pipe = LLMPipeline(granite_dir, device, max_prompt_len=512, **EXACT_F32, **extra)
+    got = pipe.generate([int(t) for t in prompt], max_new_tokens=NEW, ignore_eos=True).tokens
+    assert got == genai_tokens
+    assert len(set(got)) > 3  # a varied answer, not one token repeated
+
+
+def _softcapped_head(rows: int, hidden: int = 8, vocab: int = 12) -> tuple[ov.Model, np.ndarray]:
+    """hidden [1, rows, hidden] -> MatMul(weight) -> Divide(30) -> Tanh -> Multiply(30)."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(hidden, vocab)).astype(np.float32) * 20
+    x = ops.parameter([1, rows, hidden], np.float32, name="hidden")
+    logits = ops.matmul(x, ops.constant(weight), False, False)
+    cap = ops.constant(np.float32(30))
+    capped = ops.multiply(ops.tanh(ops.divide(logits, cap)), cap)
+    return ov.Model([ops.result(capped)], [x]), weight
+
+
+def test_the_head_is_found_through_softcapping_and_cut_to_the_last_row():
+    model, weight = _softcapped_head(rows=5)
+    assert head_matmul(model.outputs[0].get_node()).get_type_name() == "MatMul"
+    lm_head_on_last(model, model.outputs[0].get_node(), axis=1)
+    hidden = np.random.default_rng(1).normal(size=(1, 5, 8)).astype(np.float32)
+    out = ov.Core().compile_model(model, "CPU", EXACT_F32)({0: hidden})[0]
+    assert out.shape == (1, 1, 12)
+    want = np.tanh(hidden[:, -1:] @ weight / 30) * 30
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_logits_mixed_with_another_computed_value_are_refused_by_name():
+    model, _ = _softcapped_head(rows=2)
+    other = ops.parameter([1, 2, 12], np.float32, name="other")
+    mixed = ops.add(model.outputs[0].get_node().input_value(0), other)
+    broken = ov.Model([ops.result(mixed)], [*model.get_parameters(), other])
+    with pytest.raises(ModelLayoutError, match="two computed values"):
+        head_matmul(broken.outputs[0].get_node())
