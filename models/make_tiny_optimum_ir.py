@@ -189,12 +189,17 @@ def _granite(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dic
     return transformers.GraniteConfig, transformers.GraniteForCausalLM, extra
 
 
+def _olmo2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    return transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}
+
+
 # arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
 ARCHS = {
     "llama": _llama,
     "mistral": _mistral,
     "qwen2": _qwen2,
     "granite": _granite,
+    "olmo2": _olmo2,
 }
 
 

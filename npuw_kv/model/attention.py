@@ -139,3 +139,31 @@ def _gqa_source(value: ov.Output) -> ov.Output | None:
     if unsqueeze.get_type_name() != "Unsqueeze":
         return None
     return unsqueeze.input(0).get_source_output()
+
+
+def let_every_row_attend(model: ov.Model) -> int:
+    """Let each query row attend to its own key under a boolean attention mask.
+
+    A chunk's front padding is a row whose keys are all masked (the padding before it and
+    itself): with a boolean mask, softmax over no key is NaN (OLMo 2's export), the NaN goes
+    into that row's K/V in the next layer, and every real row then reads ``0 * NaN``.  Its
+    own key makes the padded row finite (its output is never used); a real row attends to its
+    own key already.  The new tokens are the last keys, so row ``q`` owns key
+    ``q + keys - queries``.  Returns the number of attention ops changed.
+    """
+    changed = 0
+    zero, one, axis = (ops.constant(np.int64(v)) for v in (0, 1, 2))
+    for sdpa in model.get_ordered_ops():
+        if sdpa.get_type_name() != "ScaledDotProductAttention" or sdpa.get_input_size() < 4:
+            continue
+        mask = sdpa.input(3).get_source_output()
+        if mask.get_element_type() != ov.Type.boolean:
+            continue
+        queries = ops.gather(ops.shape_of(sdpa.input_value(0)), axis, zero)
+        keys = ops.gather(ops.shape_of(sdpa.input_value(1)), axis, zero)
+        own = ops.add(ops.range(zero, queries, one, ov.Type.i64), ops.subtract(keys, queries))
+        diagonal = ops.equal(ops.unsqueeze(own, one), ops.range(zero, keys, one, ov.Type.i64))
+        sdpa.input(3).replace_source_output(ops.logical_or(mask, diagonal).output(0))
+        changed += 1
+    model.validate_nodes_and_infer_types()
+    return changed

@@ -48,6 +48,7 @@ def prepare(
     T.redirect_present_to_new_kv(model, layout)
     if not full_logits:
         T.logits_for_last_position(model, layout)
+    A.let_every_row_attend(model)  # a boolean mask must not leave a padded row empty
     A.fold_gqa_into_attention(model)
     A.scale_query_for_attention(model)
     if kv_precision != "f32":
