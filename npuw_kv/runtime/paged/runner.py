@@ -334,5 +334,5 @@ class PagedRunner(Runner):
 
     def _forget(self) -> None:
         self.memory.blocks = self.memory.new_manager()
-        self.reused_tokens = 0
+        self.reused_tokens = self.finished_tokens = 0
         self._dirty = False
