@@ -135,7 +135,7 @@ class BatchDriver:
                 job = self.beams[handle]
                 results: list[GenerationResult] | Exception | None
                 try:
-                    results = job.take(handle, logits)
+                    results = job.take(handle, logits.copy())  # kept until its beams are in
                 except Exception as exc:  # noqa: BLE001 - this search only
                     results = exc
                 if results is not None:

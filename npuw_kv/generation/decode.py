@@ -58,7 +58,8 @@ def decode_loop(
     out = TokenOutput(tokenizer, streamer, stops, echo=prompt)
     stop_ids = set() if config.ignore_eos else config.stop_ids()
     start = time.perf_counter()
-    logits = first_logits = yield None
+    logits = yield None
+    first_logits = np.array(logits, copy=True)  # a batch engine's rows live for one step
     tokens: list[int] = []
     logprobs: list[float] = []
     top: list[list[tuple[int, float]]] = []

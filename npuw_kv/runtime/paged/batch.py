@@ -134,7 +134,9 @@ class BatchEngine:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> dict[int, np.ndarray]:
-        """Run one batched call; the next-token logits of each sequence that got them."""
+        """Run one batched call; the next-token logits of each sequence that got them.  The
+        rows are views of the request's output, which the next step overwrites: copy what
+        must outlive it (a copy of every row cost ~2.5 % of a 16-prompt batch)."""
         with self.runner._writing():
             plan = self._schedule()
             if not plan:
@@ -253,4 +255,4 @@ class BatchEngine:
         logits = self.runner.run(parts)
         if not self.runner._rows_input:  # full logits (perplexity mode): each part's last
             logits = logits[np.cumsum([e - b for _, b, e in plan]) - 1]
-        return logits.copy()  # the request's output is overwritten by the next call
+        return logits  # the request's own output: valid until the next step (see step)
