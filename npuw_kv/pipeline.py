@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, overload
@@ -121,6 +121,10 @@ class LLMPipeline:
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
         self.load_time = 1000.0 * (time.perf_counter() - started)  # ms, as genai's
+
+    def _alone(self) -> AbstractContextManager[None]:
+        """The runner alone: the batch emptied and closed to new requests meanwhile."""
+        return self._session.alone() if self._session is not None else nullcontext()
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -250,22 +254,22 @@ class LLMPipeline:
             detokenizer = None if request.kind in ("ids", "encoded") else self.tokenizer
             session = self._session if self._batchable(config) else None
             if session is None:
-                if self._session is not None:
-                    self._session.wait_idle()  # other threads' batched calls end first
-                results = self._run_alone(
-                    request.prompts, config, streamer, chat, timer, detokenizer
-                )
+                with self._alone():  # other threads' batched calls end first
+                    results = self._run_alone(
+                        request.prompts, config, streamer, chat, timer, detokenizer
+                    )
             else:
                 sequences = self._sequences(request.prompts, config, streamer, chat, timer)
-                ticket = session.add(sequences)
                 if chat:  # the history is this call's until its answer is in it
+                    ticket = session.add(sequences)
                     results = self._batch_results(session, ticket, timer, detokenizer)
             if chat and self._history is not None and results[0].finish_reason != "cancelled":
                 self._history += [
                     {"role": "user", "content": str(request.prompts[0].text)},
                     {"role": "assistant", "content": results[0].text},
                 ]
-        if session is not None and not chat:  # steps shared with other threads' calls
+        if session is not None and not chat:  # joins between two steps, with other threads
+            ticket = session.add(sequences)
             results = self._batch_results(session, ticket, timer, detokenizer)
         metrics = timer.metrics()
         extended = self._assisted.extended_metrics(metrics)  # a draft model's, as genai
@@ -402,7 +406,6 @@ class LLMPipeline:
                     f"{label('kv_window_shares')} applies to attention_backend='pa'; this "
                     "pipeline runs the static-shape path, which has no window pools"
                 )
-            assert self._session is not None
-            self._session.wait_idle()  # the pools are allocated anew
-            text = self.runner.set_window_shares(shares, label("kv_window_shares"))
+            with self._alone():  # the pools are allocated anew
+                text = self.runner.set_window_shares(shares, label("kv_window_shares"))
             self.config = replace(self.config, kv_window_shares=text)

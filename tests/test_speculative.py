@@ -329,3 +329,28 @@ def test_block_manager_truncate(windows):
             manager.truncate("c", 17)
         manager.truncate("c", 28)
         manager.check_invariants()
+
+
+def test_threads_take_turns_on_a_speculative_pipeline(plain, lookup, code_ids):
+    """Speculative decoding runs one sequence alone: calls from several threads wait their turn
+    (the batch is closed to them meanwhile) and each gets plain decoding's tokens."""
+    import threading
+
+    want = plain.generate(code_ids, max_new_tokens=12, ignore_eos=True).tokens
+    got: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            result = lookup.generate(code_ids, max_new_tokens=12 + i, ignore_eos=True, **LOOKUP)
+            got.append(result.tokens[:12])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert got == [want] * 4

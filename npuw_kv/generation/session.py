@@ -77,8 +77,8 @@ class BatchSession:
         position_limit: int | None = None,
         fit_pools: bool = True,
     ) -> None:
-        """``fit_pools``: grow the KV pools, when the session starts from idle, to hold the
-        sequences that run at once (False: the user sized them; the engine preempts)."""
+        """``fit_pools``: grow the KV pools to hold the sequences that run at once (False:
+        the user sized them; the engine preempts)."""
         self.runner = runner
         self.engine = BatchEngine(runner, max_num_seqs)
         self.driver = BatchDriver(self.engine, tokenizer, position_limit)
@@ -86,7 +86,9 @@ class BatchSession:
         self._cond = threading.Condition()
         self._stepper: int | None = None  # the thread running a step
         self._joining = 0  # threads waiting to add or drop sequences: they go first
+        self._closed = 0  # calls that have the runner alone: new sequences wait for them
         self._owner: dict[int, Ticket] = {}
+        self._sizes: dict[int, tuple[int, int]] = {}  # live handle -> (sequences, tokens)
 
     @property
     def busy(self) -> bool:
@@ -99,15 +101,16 @@ class BatchSession:
         at_once: int | None = None,
     ) -> Ticket:
         """Queue ``requests`` (all of them or, on an error such as a too-long prompt, none)
-        for the next step; their ticket.  When the session starts from idle, the pools are
-        sized for ``at_once`` sequences of the longest request's size (default: these)."""
+        for the next step; their ticket.  The pools grow to hold these and the live requests
+        at once (``at_once`` sequences of the longest's size, when given), keeping the blocks
+        of the live ones."""
         ticket = ticket if ticket is not None else Ticket()
         with self._between_steps():
             if not self.busy:
                 self.runner.release()  # a lone run's sequence: cached, not live
-                if self.fit_pools and requests:
-                    beams = sum(max(1, r.config.num_beams) for r in requests)
-                    self._fit(requests, at_once or beams)
+            sizes = [(max(1, r.config.num_beams), self._tokens(r)) for r in requests]
+            if self.fit_pools and requests:
+                self._fit([*self._sizes.values(), *sizes], at_once)
             try:
                 for r in requests:
                     handle = (
@@ -125,6 +128,7 @@ class BatchSession:
                     )
                     ticket.handles.append(handle)
                     self._owner[handle] = ticket
+                    self._sizes[handle] = sizes[len(ticket.handles) - 1]
             except BaseException:
                 for handle in ticket.handles:
                     self._drop(handle)
@@ -143,9 +147,20 @@ class BatchSession:
         self._run_until(lambda: ticket.complete)
         return ticket.results()
 
-    def wait_idle(self) -> None:
-        """Run steps until no sequence is live (a call that needs the runner alone)."""
-        self._run_until(lambda: not self.busy)
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """The runner to one call alone (speculative decoding, new pools): new requests wait
+        while the live ones are run to their end, and until the call is done."""
+        self._refuse_reentry()
+        with self._cond:
+            self._closed += 1
+        try:
+            self._run_until(lambda: not self.busy)
+            yield
+        finally:
+            with self._cond:
+                self._closed -= 1
+                self._cond.notify_all()
 
     def step(self) -> None:
         """One step, if any sequence is live (genai's ``ContinuousBatchingPipeline.step``)."""
@@ -168,7 +183,7 @@ class BatchSession:
         with self._cond:
             self._joining += 1
             try:
-                while self._stepper is not None:
+                while self._stepper is not None or self._closed:
                     self._cond.wait()
                 yield
             finally:
@@ -176,25 +191,32 @@ class BatchSession:
                 self._cond.notify_all()
 
     def _run_until(self, finished: Callable[[], bool]) -> None:
-        """Wait, or run the next step for everyone, until ``finished()``."""
+        """Wait, or run the next step for everyone, until ``finished()``.  The thread that
+        steps keeps stepping; the others sleep until a request ends (theirs, maybe), a thread
+        waits to join, or the stepper leaves (then one of them steps)."""
         self._refuse_reentry()
         with self._cond:
-            while not finished():
-                if self._stepper is not None or self._joining:
-                    self._cond.wait()
-                    continue
-                self._stepper = threading.get_ident()
-                self._cond.release()
-                stepped: tuple[dict[int, int], dict[int, Outcome]] | None = None
-                try:
-                    stepped = self.driver.step()
-                finally:
-                    self._cond.acquire()
-                    self._stepper = None
-                    self._cond.notify_all()
-                    if stepped is None:  # interrupted (KeyboardInterrupt): every call ends
-                        self._record({}, dict.fromkeys(self._owner, _interrupted()))
-                self._record(*stepped)
+            try:
+                while not finished():
+                    # joiners go first, unless a call has the runner alone (they wait for it)
+                    if self._stepper is not None or (self._joining and not self._closed):
+                        self._cond.wait()
+                        continue
+                    self._stepper = threading.get_ident()
+                    self._cond.release()
+                    stepped: tuple[dict[int, int], dict[int, Outcome]] | None = None
+                    try:
+                        stepped = self.driver.step()
+                    finally:
+                        self._cond.acquire()
+                        self._stepper = None
+                        if stepped is None:  # interrupted (KeyboardInterrupt): every call ends
+                            self._record({}, dict.fromkeys(self._owner, _interrupted()))
+                    self._record(*stepped)
+                    if stepped[1] or self._joining:
+                        self._cond.notify_all()
+            finally:
+                self._cond.notify_all()  # another thread may step now
 
     def _record(self, tokens: dict[int, int], done: dict[int, Outcome]) -> None:
         for handle, token in tokens.items():
@@ -202,6 +224,7 @@ class BatchSession:
             if ticket is not None and ticket.on_token is not None:
                 ticket.on_token(handle, token)
         for handle, outcome in done.items():
+            self._sizes.pop(handle, None)
             ticket = self._owner.pop(handle, None)
             if ticket is not None:
                 ticket.outcomes[handle] = outcome
@@ -209,15 +232,19 @@ class BatchSession:
     def _drop(self, handle: int) -> None:
         self.driver.drop(handle)
         self._owner.pop(handle, None)
+        self._sizes.pop(handle, None)
 
-    def _fit(self, requests: Sequence[SequenceRequest], at_once: int) -> None:
-        """Pools for ``at_once`` sequences (at most ``max_num_seqs``) of the longest
-        request's size."""
-        capacity = self.runner.capacity
-        longest = max(
-            r.ids.size + (r.config.new_token_budget(int(r.ids.size)) or capacity) for r in requests
-        )
-        self.runner.fit_batch(min(self.engine.max_num_seqs, at_once), longest)
+    def _tokens(self, request: SequenceRequest) -> int:
+        """The most tokens a request's sequences hold: its prompt and its budget."""
+        size = int(request.ids.size)
+        return size + (request.config.new_token_budget(size) or self.runner.capacity)
+
+    def _fit(self, sizes: Sequence[tuple[int, int]], at_once: int | None) -> None:
+        """Pools for the requests of ``sizes`` (sequences, tokens) at once, at most
+        ``max_num_seqs`` sequences (or ``at_once``), each of the longest's tokens."""
+        count = sum(n for n, _ in sizes) if at_once is None else max(at_once, len(sizes))
+        longest = max(tokens for _, tokens in sizes)
+        self.runner.fit_batch(min(self.engine.max_num_seqs, count), longest)
 
 
 def _interrupted() -> Exception:

@@ -137,7 +137,7 @@ def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> 
         flush=True,
     )
     header = (
-        f"{'N':>3}  {'runtime':<10}{'tok/s':>8}{'TTFT p50 s':>12}{'TTFT p95 s':>12}"
+        f"{'N':>3}  {'runtime':<16}{'tok/s':>8}{'TTFT p50 s':>12}{'TTFT p95 s':>12}"
         f"{'ms/token':>10}{'peak RSS MB':>13}  same texts"
     )
     print(header)
@@ -153,13 +153,13 @@ def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> 
         for r in rows:
             if "error" in r:
                 failed = True
-                print(f"{n:>3}  {r['runtime']:<10} failed: {r['error']}")
+                print(f"{n:>3}  {r['runtime']:<16} failed: {r['error']}")
                 continue
             p50 = "-" if r["ttft_p50_s"] is None else f"{r['ttft_p50_s']:.3f}"
             p95 = "-" if r["ttft_p95_s"] is None else f"{r['ttft_p95_s']:.3f}"
             same = "-" if r is rows[0] else str(r.get("texts") == texts)
             print(
-                f"{n:>3}  {r['runtime']:<10}{r['tok_s']:>8.1f}{p50:>12}{p95:>12}"
+                f"{n:>3}  {r['runtime']:<16}{r['tok_s']:>8.1f}{p50:>12}{p95:>12}"
                 f"{r['tpot_ms']:>10.1f}{r['peak_rss_mb']:>13.0f}  {same}"
             )
         if all("error" not in r for r in rows):

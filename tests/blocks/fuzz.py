@@ -37,7 +37,8 @@ def main() -> int:
     )
     print(
         f"adds {stats.adds} (hits {stats.hits}, {stats.hit_tokens} tokens), extends "
-        f"{stats.extends}, forks {stats.forks}, removes {stats.removes}, lookups {stats.lookups}, "
+        f"{stats.extends}, forks {stats.forks}, grows {stats.grows}, removes {stats.removes}, "
+        f"lookups {stats.lookups}, "
         f"preemptions "
         f"{stats.preemptions}"
     )

@@ -68,6 +68,7 @@ class FuzzStats:
     hit_tokens: int = 0
     extends: int = 0
     forks: int = 0
+    grows: int = 0
     removes: int = 0
     lookups: int = 0
     preemptions: int = 0
@@ -110,6 +111,8 @@ class Driver:
             self.add()
         elif r < 0.29:
             self.fork()
+        elif r < 0.295:
+            self.grow()
         elif r < 0.72:
             self.extend()
         elif r < 0.87:
@@ -256,6 +259,18 @@ class Driver:
         self.stats.forks += 1
         n = len(seq.tokens)
         self.stats.rows_checked += check_live_rows(self.mgr, self.store, sid, seq.words, n, n)
+
+    def grow(self) -> None:
+        """The runtime grows a window's pool with sequences live (a batch outgrew it): every
+        live row and cached block must read the same after it."""
+        window = self.rng.choice(sorted(self.mgr.windows))
+        blocks = self.mgr.windows[window].primary.num_slots + self.rng.randint(1, 4)
+        self.log.append(f"grow window {window} to {blocks} blocks")
+        self.stats.ops += 1
+        if isinstance(self.store, ExternalStore):
+            self.store.grow(window, blocks)
+        self.mgr.grow_primary(window, blocks)
+        self.stats.grows += 1
 
     def remove(self, sid: int) -> None:
         self.log.append(f"remove {sid}")

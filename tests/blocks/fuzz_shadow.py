@@ -93,6 +93,13 @@ class ExternalStore:
         dst[ds] = src[ss]
         self.copies += 1
 
+    def grow(self, window: int, blocks: int) -> None:
+        """The runtime's tensors grow, keeping their bytes (before the manager's pool does)."""
+        old = self.arrays[window, PoolKind.PRIMARY]
+        grown = np.zeros((blocks, *old.shape[1:]), dtype=old.dtype)
+        grown[: len(old)] = old
+        self.arrays[window, PoolKind.PRIMARY] = grown
+
     def read(self, window: int, pool: PoolKind, slots: np.ndarray, offs: np.ndarray) -> np.ndarray:
         return self.arrays[window, pool][slots, offs]
 

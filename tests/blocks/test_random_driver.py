@@ -37,7 +37,7 @@ def test_random_driver_fixed_seed() -> None:
     print(f"random driver: {stats.ops} operations, {stats.episodes} episodes, {seconds:.1f} s")
     print(stats)
     assert stats.ops >= OPS
-    assert stats.hits and stats.forks and stats.preemptions and stats.rows_checked
+    assert stats.hits and stats.forks and stats.grows and stats.preemptions and stats.rows_checked
     assert stats.cached_checked
     for path in (
         "reused_blocks", "copied_blocks", "offloads", "onboards", "removed_blocks",

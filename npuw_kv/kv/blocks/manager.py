@@ -238,6 +238,13 @@ class KVBlockManager:
         self._removed.pop(child_id, None)
         self.sequences_added += 1
 
+    def grow_primary(self, window: int, blocks: int) -> None:
+        """Window ``window``'s primary pool grows to ``blocks`` slots (the runtime grew its
+        tensors keeping their bytes): new empty blocks; live sequences and the cache stay."""
+        wm = self._window(window)
+        wm.grow_primary(blocks)
+        self.groups[wm.group.window] = wm.group
+
     def remove_sequence(self, seq_id: Hashable) -> None:
         """End a sequence: SWA groups store its blocks for reuse, all blocks are released."""
         seq = self._get(seq_id)

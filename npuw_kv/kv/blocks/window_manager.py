@@ -9,7 +9,9 @@ generations) — are set out in docs/design.md, "Choices inside one window group
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from .block import EMPTY_LEVEL, KVBlock, PoolKind, TreeNode
 from .eviction import PrioritySpec
@@ -61,11 +63,9 @@ class WindowManager:
         self.pools = {PoolKind.PRIMARY: self.primary, PoolKind.HOST: self.host}
         self._copy = numpy_copier(self.pools) if copier is None else copier
         self.blocks: list[KVBlock] = []
+        self._default_priority = default_priority
         for pool in (self.primary, self.host):
-            for slot in range(pool.num_slots):
-                block = KVBlock(len(self.blocks), pool.kind, slot, priority=default_priority)
-                self.blocks.append(block)
-                pool.queue.push(block, EMPTY_LEVEL)
+            self._new_blocks(pool, pool.num_slots)
         self.tree = (
             ReuseTree(self.tpb, cut_on_evict=self.policy.cut_on_evict, sink=self._on_tree_event)
             if enable_reuse
@@ -85,6 +85,31 @@ class WindowManager:
             default_priority=default_priority,
             offload_min_priority=offload_min_priority,
         )
+
+    def _new_blocks(self, pool: BlockPool, count: int) -> None:
+        """Blocks for ``pool``'s last ``count`` slots (its ``num_slots`` counts them already),
+        empty and free."""
+        first = pool.num_slots - count
+        for slot in range(first, pool.num_slots):
+            block = KVBlock(len(self.blocks), pool.kind, slot, priority=self._default_priority)
+            self.blocks.append(block)
+            pool.queue.push(block, EMPTY_LEVEL)
+
+    def grow_primary(self, blocks: int) -> None:
+        """``blocks`` primary slots in all (more than now): the new ones empty and free, every
+        live sequence and cached block where it was (the runtime's tensors grew, copied)."""
+        pool = self.primary
+        extra = blocks - pool.num_slots
+        if extra <= 0:
+            raise ValueError(f"window {self.window}: {blocks} primary blocks is no growth")
+        pool.num_slots = blocks
+        width = pool.store.shape[2]
+        grown = np.zeros((blocks, self.tpb, width), dtype=np.uint8)
+        grown[: blocks - extra] = pool.store
+        pool.store = grown
+        self._new_blocks(pool, extra)
+        self.group = replace(self.group, primary_blocks=blocks)
+        pool.group = self.group
 
     # ---- queries -------------------------------------------------------------------------
     def match(self, tokens: Sequence[int], max_blocks: int) -> WindowMatch:

@@ -165,15 +165,43 @@ class PagedPools:
         need = {k: sequences * decoding[k] + readers * (reading[k] - decoding[k]) for k in keys}
         if all(self.plan.primary[k] >= n for k, n in need.items()):
             return False
-        primary = {k: max(self.plan.primary[k], need[k]) for k in need}
+        live = bool(self.blocks.sequence_ids)
+        # with sequences live more are joining one by one (threads): grow by half at least,
+        # so that N joiners cost a few reallocations, not N
+        least = {k: n + n // 2 if live else n for k, n in self.plan.primary.items()}
+        primary = {k: max(least[k], need[k]) if need[k] > self.plan.primary[k] else
+                   self.plan.primary[k] for k in need}  # fmt: skip
         before = self.room
         self.room = max(self.room, primary[self.capacity] * self.block_size - self.capacity)
         try:
-            self.allocate(replace(self.plan, primary=primary))
+            if live:
+                self._grow(primary)  # sequences are live: their blocks must stay where they are
+            else:
+                self.allocate(replace(self.plan, primary=primary))
         except BaseException:
             self.room = before
             raise
         return True
+
+    def _grow(self, primary: dict[int, int]) -> None:
+        """Larger cache tensors with every block's bytes where it was, bound in place of the
+        old ones; the manager's pools get the new blocks, empty.  The old and the new tensors
+        are both held while the bytes move."""
+        sizes = {
+            f"{prefix}{layer}": primary[key]
+            for layer, key in enumerate(self.keys)
+            for prefix in CACHE_PREFIXES
+        }
+        cache = PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
+        for name, old in self.cache.tensors.items():
+            cache.tensors[name].data[: old.get_shape()[0]] = old.data
+        for name, tensor in cache.tensors.items():
+            self.request.set_tensor(name, tensor)
+        self.cache = cache
+        for key, blocks in primary.items():
+            if blocks > self.plan.primary[key]:
+                self.blocks.grow_primary(key, blocks)
+        self.plan = replace(self.plan, primary=primary)
 
     def new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
