@@ -52,6 +52,21 @@ def test_generate_streams_text(capsys):
     assert "finish=length" in captured.err and "ms/token" in captured.err
 
 
+def test_sampling_flags_sample_reproducibly_and_version_prints(capsys):
+    """--temperature / --top-p / --top-k / --seed sample (the same seed, the same text; another
+    seed, another); without them decoding is greedy.  --version names the package version."""
+    argv = ["generate", "-n", "12", "--no-chat-template", "Once upon a time"]
+    sampled = ["--temperature", "1.5", "--top-k", "50", "--top-p", "0.95"]
+    texts = []
+    for seed in ("1", "1", "2"):
+        assert main([*argv, *sampled, "--seed", seed]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] != texts[2]
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("npuw-kv 0.")
+
+
 def test_bad_settings_exit_2_with_the_reason(capsys):
     assert main(["generate", "--chunk", "0", "hi"]) == 2
     assert "PREFILL_CHUNK_SIZE" in capsys.readouterr().err

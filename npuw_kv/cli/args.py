@@ -13,13 +13,43 @@ _DEFAULTS = PipelineConfig()
 
 
 def text_args(parser: argparse.ArgumentParser, new_tokens: int) -> None:
-    parser.add_argument("--max-new-tokens", "-n", type=int, default=new_tokens)
+    parser.add_argument(
+        "--max-new-tokens",
+        "-n",
+        type=int,
+        default=new_tokens,
+        help=f"most tokens to generate (default {new_tokens}; a cut answer is marked on stderr)",
+    )
     parser.add_argument(
         "--repetition-penalty",
         type=float,
         default=1.1,
-        help="> 1 discourages repeating prompt/output tokens (API default 1.0, as genai)",
+        help="> 1 discourages repeating prompt/output tokens (default 1.1; the API's is 1.0, "
+        "as genai's)",
     )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sample at this temperature (default: greedy decoding)",
+    )
+    parser.add_argument("--top-p", type=float, default=None, help="sampling: nucleus mass")
+    parser.add_argument("--top-k", type=int, default=None, help="sampling: the k likeliest")
+    parser.add_argument("--seed", type=int, default=None, help="sampling: the random seed")
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation fields the text options set: sampling when any sampling option is."""
+    given = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "rng_seed": args.seed,
+    }
+    fields = {k: v for k, v in given.items() if v is not None}
+    if fields:
+        fields["do_sample"] = True
+    return {"repetition_penalty": args.repetition_penalty, **fields}
 
 
 def zero_points_arg(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +76,7 @@ def model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> None
         "--model",
         "-m",
         default=None,
-        help="IR directory, .gguf file, or 'smollm2' (default: shipped SmolLM2)",
+        help="IR directory, .gguf file, 'smollm2' (the default, shipped SmolLM2) or 'gemma3'",
     )
     zero_points_arg(parser)
     if for_bench:  # the runtimes pick their devices; --device only picks which npuw-kv path

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from . import terminal as cli_io
+from .args import sampling_kwargs
 
 COMMANDS = {
     "/help": "this list",
@@ -70,7 +71,7 @@ def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:
                 line,
                 max_new_tokens=args.max_new_tokens,
                 streamer=turn.stream,
-                repetition_penalty=args.repetition_penalty,
+                **sampling_kwargs(args),
             )
         cancelled = result.finish_reason == "cancelled"
     except KeyboardInterrupt:
@@ -82,5 +83,7 @@ def _chat_turn(pipe: Any, line: str, args: argparse.Namespace) -> None:
         cli_io.error(cli_io.one_line(exc))
         return
     cli_io.stdout.write("\n")
+    if not cancelled and result.finish_reason == "length":
+        print(f"[answer cut at {len(result.tokens)} tokens: -n raises the limit]", file=sys.stderr)
     if cancelled:
         print("[answer cancelled]", file=sys.stderr)

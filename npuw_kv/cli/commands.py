@@ -1,4 +1,4 @@
-"""``npuw-kv``: generate, chat, inspect, bench."""
+"""``npuw-kv``: generate, chat, inspect, bench, accuracy."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import functools
 import sys
 from collections.abc import Callable
 
+from .. import __version__
 from ..tools.bench_worker import RUNTIMES
 from . import terminal as cli_io
-from .args import model_args, pipeline_kwargs, text_args, zero_points_arg
+from .args import model_args, pipeline_kwargs, sampling_kwargs, text_args, zero_points_arg
 from .chat import chat_session
 
 
@@ -26,7 +27,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         streamer=cli_io.stdout.write,
         apply_chat_template=not args.no_chat_template,
-        repetition_penalty=args.repetition_penalty,
+        **sampling_kwargs(args),
     )
     cli_io.stdout.write("\n")
     stats = f"{len(result.tokens)} tokens, finish={result.finish_reason}, "
@@ -172,6 +173,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npuw-kv", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"npuw-kv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text from a prompt (streams)")
     model_args(gen)
