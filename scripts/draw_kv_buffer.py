@@ -22,7 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:  # a plain install: the plots come with the accuracy extra
+    sys.exit("draw_kv_buffer.py needs matplotlib: pip install 'npuw-kv[accuracy]'")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
