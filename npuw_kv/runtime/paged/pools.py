@@ -166,9 +166,10 @@ class PagedPools:
         if all(self.plan.primary[k] >= n for k, n in need.items()):
             return False
         live = bool(self.blocks.sequence_ids)
-        # with sequences live more are joining one by one (threads): grow by half at least,
-        # so that N joiners cost a few reallocations, not N
-        least = {k: n + n // 2 if live else n for k, n in self.plan.primary.items()}
+        # with sequences live more are joining one by one (threads): grow by a quarter at
+        # least, so that N joiners cost a few reallocations, not N (a larger step leaves
+        # blocks that later batches touch: 1.5x cost SmolLM2's 16 threads 20 MB of peak RSS)
+        least = {k: n + n // 4 if live else n for k, n in self.plan.primary.items()}
         primary = {k: max(least[k], need[k]) if need[k] > self.plan.primary[k] else
                    self.plan.primary[k] for k in need}  # fmt: skip
         before = self.room
@@ -185,19 +186,22 @@ class PagedPools:
 
     def _grow(self, primary: dict[int, int]) -> None:
         """Larger cache tensors with every block's bytes where it was, bound in place of the
-        old ones; the manager's pools get the new blocks, empty.  The old and the new tensors
-        are both held while the bytes move."""
+        old ones; the manager's pools get the new blocks, empty.  One tensor at a time: each
+        old one is let go once its bytes moved, so the copy holds one layer's tensor twice at
+        most (the new tensors' other pages are the OS's lazy zeros until written)."""
         sizes = {
             f"{prefix}{layer}": primary[key]
             for layer, key in enumerate(self.keys)
             for prefix in CACHE_PREFIXES
         }
         cache = PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
-        for name, old in self.cache.tensors.items():
-            cache.tensors[name].data[: old.get_shape()[0]] = old.data
-        for name, tensor in cache.tensors.items():
-            self.request.set_tensor(name, tensor)
+        old = self.cache
         self.cache = cache
+        for name, tensor in cache.tensors.items():
+            before = old.tensors.pop(name)
+            tensor.data[: before.get_shape()[0]] = before.data
+            self.request.set_tensor(name, tensor)
+            del before
         for key, blocks in primary.items():
             if blocks > self.plan.primary[key]:
                 self.blocks.grow_primary(key, blocks)
