@@ -23,9 +23,16 @@ def text_args(parser: argparse.ArgumentParser, new_tokens: int) -> None:
     parser.add_argument(
         "--repetition-penalty",
         type=float,
-        default=1.1,
-        help="> 1 discourages repeating prompt/output tokens (default 1.1; the API's is 1.0, "
-        "as genai's)",
+        default=1.0,
+        help="> 1 discourages repeating prompt/output tokens (default 1.0, as the API's)",
+    )
+    parser.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.5,
+        help="> 0 discourages tokens by how often the answer used them (default 0.5, the API's "
+        "0: the 135M default model loops without it; a repetition penalty instead ends its "
+        "answers after a title)",
     )
     parser.add_argument(
         "--temperature",
@@ -49,7 +56,11 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     fields = {k: v for k, v in given.items() if v is not None}
     if fields:
         fields["do_sample"] = True
-    return {"repetition_penalty": args.repetition_penalty, **fields}
+    penalties = {
+        "repetition_penalty": args.repetition_penalty,
+        "frequency_penalty": args.frequency_penalty,
+    }
+    return {**penalties, **fields}
 
 
 def zero_points_arg(parser: argparse.ArgumentParser) -> None:
