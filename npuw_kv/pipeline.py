@@ -29,16 +29,20 @@ from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import Prompt, check_request, read_inputs
 from .api.perf_metrics import CallTimer
-from .api.pipeline_args import model_directory, pipeline_args, scheduler_settings
+from .api.pipeline_args import (
+    model_directory,
+    pipeline_args,
+    scheduler_cache_bytes,
+    scheduler_settings,
+)
 from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
 from .errors import UsageError
 from .generation import speculative
-from .generation.beam_search import check_beam_request
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
-from .generation.session import BatchSession, SequenceRequest, Ticket
+from .generation.session import BatchSession, SequenceRequest, Ticket, requests
 from .model.source import read_ir, trained_context
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
@@ -69,6 +73,8 @@ class LLMPipeline:
         given = pipeline_args(model, args, config)
         assisted = speculative.take_settings(given.settings)  # prompt_lookup, draft_model
         settings = given.settings
+        # genai's SchedulerConfig.cache_size: applied once the model's bytes per token are known
+        cache_bytes = scheduler_cache_bytes(given.scheduler_config, settings)
         if given.scheduler_config is not None:
             settings = scheduler_settings(given.scheduler_config, given.device, settings)
         self.config = PipelineConfig.from_kwargs(given.device, **settings)
@@ -104,6 +110,9 @@ class LLMPipeline:
         self._kv_room_given = "prefix_cache_tokens" in {
             PipelineConfig.setting_name(key) for key in settings if key != "compile_properties"
         }
+        if cache_bytes and isinstance(self.runner, PagedRunner):
+            self.runner.size_cache(cache_bytes, "scheduler_config.cache_size")
+            self._kv_room_given = True
         self.batch_stats: dict[str, int] = {}  # the last batched call's steps (kv_stats)
         # the paged path's running batch, which calls from several threads join
         self._session = (
@@ -289,25 +298,12 @@ class LLMPipeline:
         chat: bool,
         timer: CallTimer,
     ) -> list[SequenceRequest]:
-        """Each prompt's ``num_return_sequences`` sequences (or its beam search) for the batch
-        session; a chat's system prompt held at a raised priority, as on the lone path."""
+        """The call's sequences for the batch session (:func:`.generation.session.requests`)."""
         history = self._history if chat else None
-        factory = self._constraint(config)  # structured output: one constraint per sequence
-        beams = config.num_beams > 1
-        if beams:
-            check_beam_request(config, streamer, factory)
-        out = []
-        for prompt in prompts:
-            ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
-            timer.inputs += int(ids.size)
-            held = 0
-            if prompt.ids is None:
-                messages = self._history if chat else prompt.messages
-                held = system_prompt_tokens(self.tokenizer, messages, ids)
-            for sample in range(1 if beams else config.num_return_sequences):
-                constraint = factory() if factory is not None else None
-                out.append(SequenceRequest(ids, config, sample, constraint, streamer, held))
-        return out
+        return requests(
+            self._encoder, self.tokenizer, prompts, config, streamer, history, timer,
+            self._constraint(config),
+        )  # fmt: skip
 
     def _batch_results(
         self, session: BatchSession, ticket: Ticket, timer: CallTimer, detokenizer: Any

@@ -219,7 +219,7 @@ def test_the_constructor_takes_a_model_in_memory(smol_dir, expected, tmp_path, m
     [
         ("NPU", {}, {}, "paged path: use device CPU"),
         ("CPU", {"attention_backend": "sdpa"}, {}, "paged path"),
-        ("CPU", {}, {"cache_size": 1}, "cache_size=1 is not supported"),
+        ("CPU", {"PREFIX_CACHE_TOKENS": 64}, {"cache_size": 1}, "cache_size and PREFIX_CACHE"),
         ("CPU", {}, {"dynamic_split_fuse": False}, "dynamic_split_fuse"),
         ("CPU", {}, {"use_cache_eviction": True}, "use_cache_eviction"),
         ("CPU", {}, {"num_kv_blocks": 2}, "num_kv_blocks=2 holds 64 tokens"),
@@ -377,3 +377,20 @@ def test_code_written_for_genai_runs_unchanged(pipe, smol_dir, expected):
         assert pipe.get_generation_config().eos_token_id == pipe.tokenizer.get_eos_token_id()
     finally:
         pipe.set_generation_config(before)
+
+
+def test_a_scheduler_cache_size_sizes_the_paged_cache(smol_dir, expected):
+    """genai's ``cache_size`` (GB): the paged cache takes that many bytes, what one sequence
+    needs and prefix-cache room for the rest; a batch is preempted in it rather than grow."""
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.cache_size = 1
+    pipe = LLMPipeline(smol_dir, "CPU", scheduler_config=scheduler, **SAME)
+    stats = pipe.kv_stats()
+    assert 0.99 * 2**30 <= stats["kv_bytes_allocated"] <= 2**30
+    assert pipe.generate(QUESTION, max_new_tokens=NEW) == expected
+    assert pipe.kv_stats()["kv_bytes_allocated"] == stats["kv_bytes_allocated"]  # not grown
+    # 1 GB holds more than any sequence of this model: fewer bytes (as a larger model's KV
+    # would need) are refused, and the pipeline keeps its cache
+    with pytest.raises(ValueError, match="cache_size holds .* fewer than one sequence"):
+        pipe.runner.size_cache(2**20, "scheduler_config.cache_size")
+    assert pipe.kv_stats()["kv_bytes_allocated"] == stats["kv_bytes_allocated"]

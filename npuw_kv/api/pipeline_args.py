@@ -112,11 +112,6 @@ _UNSUPPORTED = {
     "use_sparse_attention": (lambda v: bool(v), "prefill attention is dense"),
     "num_linear_attention_blocks": (lambda v: bool(v), "no linear-attention states"),
     "cache_interval_multiplier": (lambda v: v is not None, "no linear-attention states"),
-    "cache_size": (
-        lambda v: bool(v),
-        "the paged cache is sized in tokens: give num_kv_blocks (blocks of "
-        f"{PAGED_BLOCK_TOKENS} tokens) or prefix_cache_tokens instead",
-    ),
 }
 
 
@@ -125,8 +120,9 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     ``enable_prefix_caching`` -> ``prefix_reuse``, ``max_num_batched_tokens`` -> the prefill
     chunk (at most MAX_PROMPT_LEN), ``num_kv_blocks`` -> KV blocks of 32 tokens (the room
     beyond one sequence's becomes ``prefix_cache_tokens``, which then bounds the batch too),
-    ``max_num_seqs`` -> the sequences a batched step runs at most.  Anything else set is
-    refused, naming the field."""
+    ``max_num_seqs`` -> the sequences a batched step runs at most (``cache_size``, in GB, is
+    applied once the model's bytes per token are known: :func:`scheduler_cache_bytes`).
+    Anything else set is refused, naming the field."""
     if not isinstance(scheduler, openvino_genai.SchedulerConfig):
         raise UsageError(
             f"scheduler_config must be an openvino_genai.SchedulerConfig, got {scheduler!r}"
@@ -175,3 +171,17 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
         out.pop(given.get(name, name), None)
         out[name] = value
     return out
+
+
+def scheduler_cache_bytes(scheduler: Any, settings: Mapping[str, Any]) -> int:
+    """The paged cache's bytes ``scheduler.cache_size`` asks for (GB, as genai counts them),
+    or 0: unset, or ``num_kv_blocks`` given (which wins, as in genai).  With
+    ``prefix_cache_tokens`` also given, refused: two sizes for one cache."""
+    if scheduler is None or not scheduler.cache_size or scheduler.num_kv_blocks:
+        return 0
+    given = [k for k in settings if PipelineConfig.setting_name(k) == "prefix_cache_tokens"]
+    if given:
+        raise UsageError(
+            f"scheduler_config.cache_size and {given[0]} both size the paged KV cache; pass one"
+        )
+    return int(scheduler.cache_size) * 2**30

@@ -18,11 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from ..api.chat_prefix import system_prompt_tokens
+from ..api.encoding import PromptEncoder
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
+from ..api.inputs import Prompt
+from ..api.perf_metrics import CallTimer
 from ..runtime.paged.batch import BatchEngine
 from ..runtime.paged.runner import PagedRunner
 from .batch import BatchDriver, BatchTimes, Outcome
+from .beam_search import check_beam_request
 from .logits_process import LogitsConstraint
 
 
@@ -38,6 +43,36 @@ class SequenceRequest:
     constraint: LogitsConstraint | None = None
     streamer: Any = None
     held: int = 0
+
+
+def requests(
+    encoder: PromptEncoder,
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    config: GenerationConfig,
+    streamer: Any,
+    history: list[dict[str, str]] | None,
+    timer: CallTimer,
+    make_constraint: Callable[[], LogitsConstraint | None] | None,
+) -> list[SequenceRequest]:
+    """Each prompt's ``num_return_sequences`` sequences (or its beam search), through the
+    chat ``history`` when one is given; a system prompt's tokens held at a raised priority,
+    as on the lone path."""
+    beams = config.num_beams > 1
+    if beams:
+        check_beam_request(config, streamer, make_constraint)
+    out = []
+    for prompt in prompts:
+        ids = encoder.ids(prompt, config.apply_chat_template, history, timer)
+        timer.inputs += int(ids.size)
+        held = 0
+        if prompt.ids is None:
+            messages = history if history is not None else prompt.messages
+            held = system_prompt_tokens(tokenizer, messages, ids)
+        for sample in range(1 if beams else config.num_return_sequences):
+            constraint = make_constraint() if make_constraint is not None else None
+            out.append(SequenceRequest(ids, config, sample, constraint, streamer, held))
+    return out
 
 
 @dataclass

@@ -95,6 +95,7 @@ class PagedPools:
             key: block_table_input(None if key == capacity else key) for key in self.keys
         }
         self.moved_bytes = 0  # block moves: SWA prefix hits, host-tier offloads and restores
+        self._shares, self._source = shares, shares_source
         self.allocate(self.plan_for(shares, shares_source))
 
     @property
@@ -147,7 +148,19 @@ class PagedPools:
         ``source`` with nothing changed.  Returns the shares' canonical text."""
         shares = None if value is None else parse_window_shares(value, source)
         self.allocate(self.plan_for(shares, source))
+        self._shares, self._source = shares, source
         return None if shares is None else format_shares(shares)
+
+    def set_room(self, room: int) -> None:
+        """``room`` prefix-cache tokens beyond one sequence's, split as the shares say; the
+        pools are allocated anew (the cached prefixes dropped)."""
+        before = self.room
+        self.room = room
+        try:
+            self.allocate(self.plan_for(self._shares, self._source))
+        except BaseException:
+            self.room = before
+            raise
 
     def fit_batch(self, sequences: int, tokens: int, prefilling: int = 2) -> bool:
         """Pools that hold ``sequences`` sequences of ``tokens`` tokens at once, grown where

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from ...errors import CapacityError
+from ...errors import CapacityError, UsageError
 from ...kv.blocks import KVBlockManager, PriorityRange, Shares
 from ...kv.paged_cache import HostTier, PagedKVCache, PoolPlan
 from ...model.paged_rewrite import LOGITS_ROWS
@@ -121,6 +121,23 @@ class PagedRunner(Runner):
         canonical = self.memory.set_window_shares(value, source)  # a new, empty manager
         self.reused_tokens = 0
         return canonical
+
+    def size_cache(self, nbytes: int, source: str) -> None:
+        """The cache in ``nbytes`` (genai's ``SchedulerConfig.cache_size``): what one sequence
+        needs and, as prefix-cache room, the tokens the rest holds over every layer.  Fewer
+        bytes than one sequence needs raise a ``UsageError`` naming ``source``."""
+        per_token, size = self.cache.bytes_per_token(), self.cache.block_size
+        # whole blocks, none past the bytes given
+        room = (nbytes // per_token // size - -(-self.capacity // size)) * size
+        if room < 0:
+            need = -(-self.capacity * per_token // 2**30)
+            raise UsageError(
+                f"{source} holds {nbytes // per_token} tokens of this model's KV, fewer than one "
+                f"sequence's {self.capacity}: give at least {need} GB or lower max_prompt_len / "
+                "min_response_len"
+            )
+        self.memory.set_room(room)
+        self.reused_tokens = 0
 
     def hold_prefix(self, tokens: int) -> None:
         """Keep the next prompt's first ``tokens`` tokens (a chat's system prompt), in whole
