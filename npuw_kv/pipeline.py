@@ -122,6 +122,7 @@ class LLMPipeline:
                 self.config.max_num_seqs,
                 self.trained_context[0] if self.trained_context else None,
                 fit_pools=not self._kv_room_given,
+                split_fuse=self.config.split_fuse,
             )
             if isinstance(self.runner, PagedRunner)
             else None

@@ -253,3 +253,31 @@ def test_eight_threads_join_one_batch_and_failures_stay_their_own(smol_dir, text
     assert session is not None and session.engine.peak_batch > 1  # they ran together
     assert not session.busy and not pipe.runner.blocks.sequence_ids
     assert _alone(pipe, prompts[0], 5) == want[0][:5]
+
+
+def test_without_split_fuse_prompts_are_read_in_steps_of_their_own(smol_dir, text_ids):
+    """genai's ``dynamic_split_fuse=False``: no step mixes decode tokens with prompt chunks
+    (decoding waits while a prompt is read); every prompt still gets its own tokens."""
+    import openvino_genai
+
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.dynamic_split_fuse = False
+    pipe = make_pipe(smol_dir, "CPU", scheduler_config=scheduler, **PA_F32)
+    texts = _texts(pipe, _prompts(text_ids, [300, 40, 260, 90]))
+    kw = {"max_new_tokens": 8, "ignore_eos": True, "apply_chat_template": False}
+    alone = [str(pipe.generate(t, **kw)) for t in texts]
+    steps: list[list[int]] = []
+    run = pipe.runner.run
+
+    def record(parts: list, rows: int = 1) -> np.ndarray:
+        steps.append([int(p[1].size) for p in parts])
+        return run(parts, rows)
+
+    pipe.runner.run = record  # type: ignore[method-assign]
+    try:
+        assert pipe.generate(texts, **kw).texts == alone
+    finally:
+        del pipe.runner.run
+    reading = [s for s in steps if any(n > 1 for n in s)]  # (no chunk of these is 1 token)
+    assert reading and len(reading) < len(steps)
+    assert all(n > 1 for s in reading for n in s), steps  # no decode token beside a chunk

@@ -220,7 +220,7 @@ def test_the_constructor_takes_a_model_in_memory(smol_dir, expected, tmp_path, m
         ("NPU", {}, {}, "paged path: use device CPU"),
         ("CPU", {"attention_backend": "sdpa"}, {}, "paged path"),
         ("CPU", {"PREFIX_CACHE_TOKENS": 64}, {"cache_size": 1}, "cache_size and PREFIX_CACHE"),
-        ("CPU", {}, {"dynamic_split_fuse": False}, "dynamic_split_fuse"),
+        ("CPU", {"SPLIT_FUSE": True}, {"dynamic_split_fuse": False}, "dynamic_split_fuse and"),
         ("CPU", {}, {"use_cache_eviction": True}, "use_cache_eviction"),
         ("CPU", {}, {"num_kv_blocks": 2}, "num_kv_blocks=2 holds 64 tokens"),
         ("CPU", {"PREFIX_REUSE": "YES"}, {}, "enable_prefix_caching and PREFIX_REUSE"),

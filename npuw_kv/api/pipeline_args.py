@@ -107,7 +107,6 @@ def model_directory(given: PipelineArgs, zero_points: str) -> Iterator[Path]:
 
 # SchedulerConfig fields npuw-kv cannot honour: (is it set?, why)
 _UNSUPPORTED = {
-    "dynamic_split_fuse": (lambda v: v is False, "npuw-kv always runs prompts in chunks"),
     "use_cache_eviction": (lambda v: bool(v), "there is no KV cache eviction inside a sequence"),
     "use_sparse_attention": (lambda v: bool(v), "prefill attention is dense"),
     "num_linear_attention_blocks": (lambda v: bool(v), "no linear-attention states"),
@@ -141,6 +140,8 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     mapped: dict[str, tuple[str, Any]] = {
         "prefix_reuse": ("enable_prefix_caching", bool(scheduler.enable_prefix_caching))
     }
+    if not scheduler.dynamic_split_fuse:
+        mapped["split_fuse"] = ("dynamic_split_fuse", False)
     if scheduler.max_num_seqs != default.max_num_seqs:
         mapped["max_num_seqs"] = ("max_num_seqs", int(scheduler.max_num_seqs))
     batched = scheduler.max_num_batched_tokens

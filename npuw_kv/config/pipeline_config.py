@@ -75,6 +75,9 @@ class PipelineConfig:
     # paged path: sequences run together in one batched step at most (several prompts, or
     # num_return_sequences); the others wait for room
     max_num_seqs: int = MAX_NUM_SEQS
+    # paged batches: a step may run decode tokens and prompt chunks together (genai's
+    # dynamic_split_fuse); False: prompt chunks first, in steps of their own
+    split_fuse: bool = True
     gguf_zero_points: str = "genai"  # "exact": fix openvino-genai's rounded Q4_1 zero points
     compile_properties: dict[str, Any] = field(default_factory=dict)
     # max_prompt_len as given, before rounding up to a multiple of the chunk (for messages)
@@ -204,6 +207,12 @@ class PipelineConfig:
                 f"{label('prefix_cache_host_tokens')} applies to attention_backend='pa' (the "
                 "block manager's host tier); the static-shape path (NPU, attention_backend="
                 "'sdpa') keeps its prefix store on the host already: use prefix_cache_tokens"
+            )
+        if not self.split_fuse:
+            raise UsageError(
+                f"{label('split_fuse')} NO schedules the paged path's batched steps; the "
+                "static-shape path (NPU, attention_backend='sdpa') runs one sequence at a time: "
+                "leave it unset"
             )
         if self.max_num_seqs != MAX_NUM_SEQS:
             raise UsageError(

@@ -58,6 +58,8 @@ ALIASES: dict[str, str] = {
     "NPUW_LLM_OPTIMIZE_V_TENSORS": "optimize_v_tensors",
     "WINDOW_KV": "window_kv",
     "MAX_NUM_SEQS": "max_num_seqs",
+    "SPLIT_FUSE": "split_fuse",
+    "DYNAMIC_SPLIT_FUSE": "split_fuse",
 }
 # OpenVINO properties passed through to compile_model unchanged (the plugin validates values).
 PASSTHROUGH = (
@@ -85,7 +87,7 @@ _INTS = (
 )
 # None means auto for these
 _AUTO_BOOLS = ("static_models", "generate_pyramid", "shared_head", "optimize_v_tensors")
-_BOOLS = ("prefix_reuse", "full_prefill_logits", *_AUTO_BOOLS)
+_BOOLS = ("prefix_reuse", "full_prefill_logits", "split_fuse", *_AUTO_BOOLS)
 _LOWER = (
     "kv_precision",
     "kv_binding",

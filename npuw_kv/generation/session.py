@@ -111,11 +111,12 @@ class BatchSession:
         max_num_seqs: int,
         position_limit: int | None = None,
         fit_pools: bool = True,
+        split_fuse: bool = True,
     ) -> None:
         """``fit_pools``: grow the KV pools to hold the sequences that run at once (False:
         the user sized them; the engine preempts)."""
         self.runner = runner
-        self.engine = BatchEngine(runner, max_num_seqs)
+        self.engine = BatchEngine(runner, max_num_seqs, split_fuse=split_fuse)
         self.driver = BatchDriver(self.engine, tokenizer, position_limit)
         self.fit_pools = fit_pools
         self._cond = threading.Condition()

@@ -76,6 +76,8 @@ def build_runner(
             tiers = [n for n in PAGED_ONLY if getattr(config, n)]
             if config.max_num_seqs != MAX_NUM_SEQS:  # no batched steps there
                 tiers.append("max_num_seqs")
+            if not config.split_fuse:
+                tiers.append("split_fuse")
             warnings.warn(
                 f"PagedAttention did not compile ({exc}); running the static-shape path "
                 "(attention_backend='sdpa')"
@@ -93,6 +95,7 @@ def build_runner(
                 prefix_cache_host_tokens=0,
                 kv_window_shares=None,
                 max_num_seqs=MAX_NUM_SEQS,
+                split_fuse=True,
             )
             decided = decide(core, config, wide)
         else:

@@ -53,8 +53,15 @@ class BatchEngine:
     """Sequences submitted, fed and finished between steps over one :class:`PagedRunner`."""
 
     def __init__(
-        self, runner: PagedRunner, max_num_seqs: int, max_batched_tokens: int | None = None
+        self,
+        runner: PagedRunner,
+        max_num_seqs: int,
+        max_batched_tokens: int | None = None,
+        split_fuse: bool = True,
     ) -> None:
+        """``split_fuse`` (genai's ``dynamic_split_fuse``): a step runs decode tokens and
+        prompt chunks together; False: while a prompt is to be read, steps read prompts only
+        (decoding waits), as genai's scheduler without it."""
         if max_num_seqs < 1:
             raise UsageError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.runner = runner
@@ -62,6 +69,7 @@ class BatchEngine:
         # a step of one chunk's tokens, decode tokens included: the CPU's kernels run a step of
         # 256 tokens in 72 ms and one of 272 in 120 ms (SmolLM2; docs/measurements.md)
         self.budget = max_batched_tokens or runner.chunk
+        self.split_fuse = split_fuse
         if self.budget < 1:
             raise UsageError(f"max_num_batched_tokens must be >= 1, got {self.budget}")
         self.live: dict[int, Live] = {}
@@ -158,6 +166,11 @@ class BatchEngine:
         running = [s for s in self.live.values() if s.admitted and s.waiting_for_logits]
         # decode tokens first (oldest first), then the prompts being read
         running.sort(key=lambda s: (len(s.tokens) - s.computed > 1, s.handle))
+        if not self.split_fuse:  # prompts in steps of their own while there are any to read
+            reading = [s for s in running if len(s.tokens) - s.computed > 1]
+            admissible = self.waiting and self._admitted() < self.max_num_seqs
+            if reading or admissible:
+                running = reading
         for seq in running:
             if budget <= 0:
                 break
