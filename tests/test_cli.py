@@ -67,6 +67,28 @@ def test_sampling_flags_sample_reproducibly_and_version_prints(capsys):
     assert done.value.code == 0 and capsys.readouterr().out.startswith("npuw-kv 0.")
 
 
+def test_the_cli_speaks_in_one_line_each(capsys):
+    """A warning is one line; a too-long prompt's error names the option; without an NPU,
+    ``-d NPU`` says once that NPUW runs on the CPU."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "npuw_kv.cli", "generate", "-n", "2"]
+        + ["-p", "PREFILL_ATTENTION=pyramid", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert warned and warned[0].startswith("npuw-kv: warning: prefill_attention")
+    assert "warnings.warn" not in err and "return cls(" not in err  # not Python's two lines
+    assert main(["generate", "-n", "2", "--max-prompt-len", "32", "--chunk", "32", "w " * 60]) == 2
+    assert "(on the command line: --max-prompt-len)" in capsys.readouterr().err
+    assert main(["generate", "-d", "NPU", "-n", "1", "--max-prompt-len", "64", "hi"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("no NPU here: NPUW runs its sub-models on the CPU") == 1
+
+
 def test_bad_settings_exit_2_with_the_reason(capsys):
     assert main(["generate", "--chunk", "0", "hi"]) == 2
     assert "PREFILL_CHUNK_SIZE" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 
 from .. import __version__
@@ -16,7 +17,14 @@ from .chat import chat_session
 
 def _load(args: argparse.Namespace):
     from ..pipeline import LLMPipeline
+    from ..runtime.device import npu_present
 
+    if str(args.device).upper() == "NPU" and not npu_present():
+        print(
+            "npuw-kv: no NPU here: NPUW runs its sub-models on the CPU (right answers, decoding "
+            "several times slower than -d CPU)",
+            file=sys.stderr,
+        )
     return LLMPipeline(args.model, args.device, **pipeline_kwargs(args))
 
 
@@ -259,7 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     return cli_io.run(functools.partial(_main, sys.argv[1:] if argv is None else argv))
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *_: object) -> str:
+    warning = message if isinstance(message, Warning) else category(message)
+    return f"npuw-kv: warning: {cli_io.one_line(warning)}\n"
+
+
 def _main(argv: list[str]) -> int:
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     bad = next(filter(None, map(cli_io.undecodable, argv)), None)
     if bad is not None:  # argv bytes the locale could not decode (e.g. Latin-1 under LANG=C)
         cli_io.error(f"argument {bad} is not UTF-8 text")
@@ -277,7 +291,10 @@ def _main(argv: list[str]) -> int:
             args.model = str(resolve_model(args.model, zero_points=args.gguf_zero_points))
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"npuw-kv: error: {exc}", file=sys.stderr)
+        hint = ""
+        if "MAX_PROMPT_LEN" in str(exc) and hasattr(args, "max_prompt_len"):
+            hint = " (on the command line: --max-prompt-len)"
+        print(f"npuw-kv: error: {exc}{hint}", file=sys.stderr)
         return 2
 
 

@@ -72,3 +72,10 @@ def limit_runtime_cache(props: dict[str, Any]) -> dict[str, Any]:
     if any(str(key).upper() == "CPU_RUNTIME_CACHE_CAPACITY" for key in props):
         return props
     return {**props, "CPU_RUNTIME_CACHE_CAPACITY": RUNTIME_CACHE_CAPACITY}
+
+
+def npu_present() -> bool:
+    """Whether OpenVINO sees a real NPU (without one, NPUW runs its sub-models on the CPU)."""
+    import openvino as ov
+
+    return "NPU" in ov.Core().available_devices
