@@ -80,7 +80,9 @@ class LLMPipeline:
         self.config = PipelineConfig.from_kwargs(given.device, **settings)
         plan = speculative.plan(assisted, self.config)  # refused before compiling
         self._settings = dict(settings)  # as given, for messages
-        # one call at a time: the runner, its KV cache and the chat history are one state
+        # a call's preparation (settings, chat history, tokenizing) and every call that needs
+        # the runner alone (the static path, speculative decoding, chat turns) take it; the paged
+        # path's batched calls then run together in the batch session (generation/session.py)
         self._lock = threading.Lock()
         self._owner: int | None = None
         fix_mmap_threshold()  # before compiling: see runtime/heap.py for what it keeps flat
@@ -138,13 +140,13 @@ class LLMPipeline:
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Serialize calls from several threads (a second caller waits for the first); a call
-        made from inside a running one (e.g. from its streamer) is refused, not deadlocked."""
+        """The pipeline's lock (a second caller waits for the first); a call made from inside
+        a running one (e.g. from its streamer) is refused, not deadlocked."""
         me = threading.get_ident()
         if self._owner == me:
             raise RuntimeError(
                 "LLMPipeline is already generating on this thread (called from its streamer?); "
-                "one pipeline runs one call at a time"
+                "a streamer may not call into its own pipeline"
             )
         with self._lock:
             self._owner = me
