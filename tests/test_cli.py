@@ -20,6 +20,11 @@ def test_inspect_prints_layout_and_shapes(capsys):
     assert "head_dim         64" in out and "attention window full" in out
     assert "attention_backend pa" in out and "chunks of 128 tokens, prompts up to 384" in out
     assert "KV cache         512 tokens" in out and "u8" in out  # 384 + 128, the plugin's blocks
+    import openvino as ov
+
+    present = ov.Core().available_devices
+    assert f"devices present  {', '.join(present)}" in out
+    assert ("no NPU" in out) == ("NPU" not in present)
     argv = ["inspect", "--chunk", "128", "--max-prompt-len", "300", "-p", "PREFIX_CACHE_TOKENS=64"]
     assert main(argv) == 0
     assert "512 tokens in the device's blocks, + 64 for cached prefixes" in capsys.readouterr().out

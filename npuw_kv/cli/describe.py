@@ -46,6 +46,9 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         + ", ".join("full" if w is None else str(w) for w in layout.window)
         + ")",
         *decided.lines(),
+        "devices present  "
+        + ", ".join(core.available_devices)
+        + ("" if "NPU" in core.available_devices else " (no NPU: the NPU path runs NPUW on CPU)"),
     ]
     if decided.paged:
         lines += [
