@@ -286,7 +286,8 @@ def test_bench_prints_the_whole_table_then_exits_1_on_any_failure(capsys, monkey
 
 
 def test_bench_quick_with_an_explicit_length_is_an_error(capsys, monkeypatch):
-    """``--quick`` fixes 1000 + 64 tokens: ``--prompt-len`` / ``--new-tokens`` with it is exit 2."""
+    """``--quick`` fixes 1000 + 64 tokens and one timed run: ``--prompt-len`` / ``--new-tokens``
+    with it is exit 2."""
     calls = _fake_bench_worker(monkeypatch)
     for extra in (["--prompt-len", "50"], ["--new-tokens", "8"], ["--prompt-len", "1000"]):
         with pytest.raises(SystemExit) as exc:
@@ -299,7 +300,7 @@ def test_bench_quick_with_an_explicit_length_is_an_error(capsys, monkeypatch):
     assert main(["bench", "--runtimes", "npuw-kv", "--quick"]) == 0
     assert main(["bench", "--runtimes", "npuw-kv", "--prompt-len", "50"]) == 0
     assert main(["bench", "--runtimes", "npuw-kv", "--new-tokens", "8", "--repeats", "1"]) == 0
-    assert calls == [("npuw-kv", 1000, 64, 3), ("npuw-kv", 50, 64, 3), ("npuw-kv", 1000, 8, 1)]
+    assert calls == [("npuw-kv", 1000, 64, 1), ("npuw-kv", 50, 64, 3), ("npuw-kv", 1000, 8, 1)]
     assert "prompt 50 tokens of stdlib docstrings, 64 new tokens" in capsys.readouterr().out
 
 

@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--quick",
         action="store_true",
-        help="one ~1000-token prompt, 64 new tokens (not with --prompt-len / --new-tokens)",
+        help="one ~1000-token prompt, 64 new tokens, one timed run after the warm-up (not with "
+        "--prompt-len / --new-tokens)",
     )
     bench.add_argument(
         "--prompt-len", type=_positive_int, default=None, help="prompt tokens (default 1000)"
@@ -223,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="new tokens per run (default 64)",
     )
     bench.add_argument(
-        "--repeats", type=_positive_int, default=3, help="timed runs per runtime (min is kept)"
+        "--repeats",
+        type=_positive_int,
+        default=None,
+        help="timed runs per runtime, the minimum kept (default 3; 1 with --quick)",
     )
     bench.add_argument(
         "--runtimes",

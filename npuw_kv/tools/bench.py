@@ -58,6 +58,8 @@ def _run_worker(runtime: str, args: argparse.Namespace, extra: dict[str, Any]) -
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run every runtime, print the table; 1 when any runtime failed (its row says why), else 0."""
+    if getattr(args, "repeats", None) is None:  # --quick: one timed run after the warm-up
+        args.repeats = 1 if getattr(args, "quick", False) else 3
     if getattr(args, "concurrency", None):
         return _concurrency(args)
     if args.quick or args.prompt_len is None:
@@ -122,6 +124,12 @@ def run_bench(args: argparse.Namespace) -> int:
             f"x{ours['peak_rss_mb'] / base['peak_rss_mb']:.2f}; host bytes copied "
             f"{ours['host_copied']} (at the prefill->generate switch: {ours['switch_copied']})"
         )
+    print(
+        "(same tokens: greedy tokens equal to the first npuw-kv row's; they may differ where two "
+        "graphs round differently, --exact compares at f32. loaded MB: RSS once compiled; KV MB: "
+        "the KV cache allocated. host bytes copied: KV bytes npuw-kv copied on the host instead "
+        "of binding them in place, 0 by design)"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

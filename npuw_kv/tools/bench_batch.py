@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .bench_worker import _peak_rss_mb, worker_result
+from .bench_worker import _peak_rss_mb, progress, worker_result
 
 BATCH_RUNTIMES = ("npuw-kv", "npuw-kv-threads", "genai-cpu")
 
@@ -93,6 +93,7 @@ def measure_batch(
     config.max_new_tokens, config.ignore_eos, config.apply_chat_template = new_tokens, True, False
     best: dict[str, Any] = {}
     for i in range(repeats + 1):
+        progress(i, repeats)
         start = time.perf_counter()
         if runtime == "npuw-kv-threads":
             texts, generated, ttfts = _threaded(pipe, prompts, config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
+import sys
 import time
 from typing import Any, cast
 
@@ -50,13 +51,33 @@ _NPUW_PRESETS: dict[str, dict[str, str]] = {
 }
 
 
+PROGRESS = "[progress] "
+
+
+def progress(run: int, repeats: int) -> None:
+    """A worker's line for the parent to show (run 0 is the warm-up, after loading)."""
+    what = "warm-up (the model is loaded)" if run == 0 else f"run {run} of {repeats}"
+    print(f"{PROGRESS}{what}", file=sys.stderr, flush=True)
+
+
 def worker_result(cmd: list[str], runtime: str, **row: Any) -> dict[str, Any]:
-    """Run one bench worker process (``cmd``); the JSON row it printed last, or a row with
-    ``row``'s fields saying why it failed (its last line of stderr)."""
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    """Run one bench worker process (``cmd``), showing its progress lines on stderr with the
+    time since it started; the JSON row it printed last, or a row with ``row``'s fields saying
+    why it failed (its last other line of stderr)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None and proc.stdout is not None
+    other: list[str] = []
+    for line in proc.stderr:  # the worker prints its JSON row to stdout only at the end
+        if line.startswith(PROGRESS):
+            elapsed = time.perf_counter() - start
+            text = line[len(PROGRESS) :].strip()
+            print(f"    {runtime}: {text}, {elapsed:.0f} s", file=sys.stderr, flush=True)
+        elif line.strip():
+            other.append(line.strip())
+    lines = [line for line in proc.stdout.read().splitlines() if line.startswith("{")]
+    if proc.wait() != 0 or not lines:
+        reason = (other or ["no output"])[-1]
         return {"runtime": runtime, **row, "error": reason[:300]}
     return cast(dict[str, Any], json.loads(lines[-1]))
 
@@ -193,6 +214,7 @@ def measure(
         load_s = time.perf_counter() - load_start
         load_rss = status_mb()
         for i in range(repeats + 1):
+            progress(i, repeats)
             r = pipe.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)
             if i:
                 ttfts.append(r.ttft_s)
@@ -219,6 +241,7 @@ def measure(
         config.max_new_tokens = new_tokens
         config.ignore_eos = True
         for i in range(repeats + 1):
+            progress(i, repeats)
             res = pipe.generate(ov.Tensor(np.asarray(ids)[None]), config)
             if i:
                 ttfts.append(res.perf_metrics.get_ttft().mean / 1000.0)
