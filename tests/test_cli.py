@@ -383,7 +383,8 @@ def test_bench_concurrency_runs_both_pipelines_on_the_same_batch(capsys):
     same greedy texts from all three."""
     argv = ["bench", "--concurrency", "2", "--new-tokens", "4", "--prompt-len", "20"]
     assert main([*argv, "--repeats", "1"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert re.search(r"npuw-kv-threads: run 1 of 1, \d+ s", err), err  # the workers' progress
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
     assert [r[1] for r in rows[:3]] == ["npuw-kv", "npuw-kv-threads", "genai-cpu"], out
     assert rows[1][-1] == rows[2][-1] == "True", out  # the same greedy texts
