@@ -73,10 +73,11 @@ class LLMPipeline:
         given = pipeline_args(model, args, config)
         assisted = speculative.take_settings(given.settings)  # prompt_lookup, draft_model
         settings = given.settings
-        # genai's SchedulerConfig.cache_size: applied once the model's bytes per token are known
-        cache_bytes = scheduler_cache_bytes(given.scheduler_config, settings)
+        cache_bytes = 0  # genai's SchedulerConfig.cache_size, once bytes per token are known
         if given.scheduler_config is not None:
-            settings = scheduler_settings(given.scheduler_config, given.device, settings)
+            checked = scheduler_settings(given.scheduler_config, given.device, settings)
+            cache_bytes = scheduler_cache_bytes(given.scheduler_config, settings)
+            settings = checked
         self.config = PipelineConfig.from_kwargs(given.device, **settings)
         plan = speculative.plan(assisted, self.config)  # refused before compiling
         self._settings = dict(settings)  # as given, for messages
