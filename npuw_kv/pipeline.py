@@ -42,7 +42,7 @@ from .errors import UsageError
 from .generation import speculative
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
-from .generation.session import BatchSession, SequenceRequest, Ticket, requests
+from .generation.session import REENTERED, BatchSession, SequenceRequest, Ticket, requests
 from .model.source import read_ir, trained_context
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
@@ -145,10 +145,7 @@ class LLMPipeline:
         a running one (e.g. from its streamer) is refused, not deadlocked."""
         me = threading.get_ident()
         if self._owner == me:
-            raise RuntimeError(
-                "LLMPipeline is already generating on this thread (called from its streamer?); "
-                "a streamer may not call into its own pipeline"
-            )
+            raise RuntimeError(REENTERED)
         with self._lock:
             self._owner = me
             try:

@@ -30,6 +30,11 @@ from .batch import BatchDriver, BatchTimes, Outcome
 from .beam_search import check_beam_request
 from .logits_process import LogitsConstraint
 
+REENTERED = (
+    "LLMPipeline is already generating on this thread (called from its streamer?); "
+    "a streamer may not call into its own pipeline"
+)
+
 
 @dataclass
 class SequenceRequest:
@@ -206,10 +211,7 @@ class BatchSession:
     # -- the protocol -------------------------------------------------------------------------
     def _refuse_reentry(self) -> None:
         if self._stepper == threading.get_ident():
-            raise RuntimeError(
-                "LLMPipeline is already generating on this thread (called from its streamer?); "
-                "a streamer may not call into its own pipeline"
-            )
+            raise RuntimeError(REENTERED)
 
     @contextmanager
     def _between_steps(self) -> Iterator[None]:

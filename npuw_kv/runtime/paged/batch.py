@@ -45,6 +45,11 @@ class Live:
         return self.key is not None
 
     @property
+    def reading_prompt(self) -> bool:
+        """More than one token to run: a prompt (or a preempted sequence) being read."""
+        return len(self.tokens) - self.computed > 1
+
+    @property
     def waiting_for_logits(self) -> bool:
         return self.computed < len(self.tokens)
 
@@ -165,9 +170,9 @@ class BatchEngine:
         plan: list[tuple[Live, int, int]] = []
         running = [s for s in self.live.values() if s.admitted and s.waiting_for_logits]
         # decode tokens first (oldest first), then the prompts being read
-        running.sort(key=lambda s: (len(s.tokens) - s.computed > 1, s.handle))
+        running.sort(key=lambda s: (s.reading_prompt, s.handle))
         if not self.split_fuse:  # prompts in steps of their own while there are any to read
-            reading = [s for s in running if len(s.tokens) - s.computed > 1]
+            reading = [s for s in running if s.reading_prompt]
             admissible = self.waiting and self._admitted() < self.max_num_seqs
             if reading or admissible:
                 running = reading

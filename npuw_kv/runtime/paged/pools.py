@@ -130,17 +130,21 @@ class PagedPools:
     def allocate(self, plan: PoolPlan) -> None:
         """Cache tensors and host tier sized by ``plan``, bound to the request; an empty
         manager over them.  Nothing changes if an allocation fails."""
-        sizes = {
-            f"{prefix}{layer}": plan.primary[key]
-            for layer, key in enumerate(self.keys)
-            for prefix in CACHE_PREFIXES
-        }
-        cache = PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
+        cache = self._new_cache(plan.primary)
         host = HostTier(cache, self.names, plan.host, self.host_tokens)
         for name, tensor in cache.tensors.items():
             self.request.set_tensor(name, tensor)
         self.cache, self.host, self.plan = cache, host, plan
         self.blocks = self.new_manager()
+
+    def _new_cache(self, primary: dict[int, int]) -> PagedKVCache:
+        """Cache tensors of ``primary``'s blocks per window key, for the capacity and room."""
+        sizes = {
+            f"{prefix}{layer}": primary[key]
+            for layer, key in enumerate(self.keys)
+            for prefix in CACHE_PREFIXES
+        }
+        return PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
 
     def set_window_shares(self, value: object, source: str) -> str | None:
         """Split the room and the host tier between the window pools anew (None: the default
@@ -168,9 +172,10 @@ class PagedPools:
         sequence keeps live: its window and a block while it decodes, its window and a chunk
         while it reads its prompt, which at most ``prefilling`` do at once (the batch engine
         reads one prompt a step, and starts the next as one ends); so more sequences fit than
-        with every layer whole.  Should more read prompts at once, the engine preempts.  The
-        cached prefixes are dropped when the pools grow; nothing changes if allocating fails.
-        True if they grew."""
+        with every layer whole.  Should more read prompts at once, the engine preempts.  With no
+        sequence live the pools are allocated anew (the cached prefixes dropped); with some live
+        they grow keeping every block.  Nothing changes if allocating fails.  True if they
+        grew."""
         keys, length = list(self.plan.primary), min(tokens, self.capacity)
         decoding = sequence_blocks(keys, self.capacity, length, self.block_size, 1)
         reading = sequence_blocks(keys, self.capacity, length, self.block_size, self.chunk)
@@ -182,9 +187,10 @@ class PagedPools:
         # with sequences live more are joining one by one (threads): grow by a quarter at
         # least, so that N joiners cost a few reallocations, not N (a larger step leaves
         # blocks that later batches touch: 1.5x cost SmolLM2's 16 threads 20 MB of peak RSS)
-        least = {k: n + n // 4 if live else n for k, n in self.plan.primary.items()}
-        primary = {k: max(least[k], need[k]) if need[k] > self.plan.primary[k] else
-                   self.plan.primary[k] for k in need}  # fmt: skip
+        primary = dict(self.plan.primary)
+        for key, blocks in need.items():
+            if blocks > primary[key]:
+                primary[key] = max(blocks, (primary[key] + primary[key] // 4) if live else 0)
         before = self.room
         self.room = max(self.room, primary[self.capacity] * self.block_size - self.capacity)
         try:
@@ -202,12 +208,7 @@ class PagedPools:
         old ones; the manager's pools get the new blocks, empty.  One tensor at a time: each
         old one is let go once its bytes moved, so the copy holds one layer's tensor twice at
         most (the new tensors' other pages are the OS's lazy zeros until written)."""
-        sizes = {
-            f"{prefix}{layer}": primary[key]
-            for layer, key in enumerate(self.keys)
-            for prefix in CACHE_PREFIXES
-        }
-        cache = PagedKVCache(self.specs, self.capacity + self.room, self.block_size, sizes)
+        cache = self._new_cache(primary)
         old = self.cache
         self.cache = cache
         for name, tensor in cache.tensors.items():

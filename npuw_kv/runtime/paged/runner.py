@@ -210,7 +210,8 @@ class PagedRunner(Runner):
 
     def fit_batch(self, sequences: int, tokens: int) -> bool:
         """Pools that hold ``sequences`` sequences of up to ``tokens`` tokens at once
-        (:meth:`PagedPools.fit_batch`); the cached prefixes are dropped if they grow."""
+        (:meth:`PagedPools.fit_batch`: allocated anew when no sequence is live, the cached
+        prefixes dropped; grown keeping every block when some are)."""
         if self.memory.fit_batch(sequences, tokens):
             self.reused_tokens = 0
             return True
