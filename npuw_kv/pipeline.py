@@ -245,6 +245,9 @@ class LLMPipeline:
         On the paged path a call's prompts, and the calls of other threads, run together in
         batched steps (the static path runs them one after another).  ``generation_config``
         is ours, genai's or a dict; keyword arguments (genai's names) override it.
+        ``streamer``: a callable taking text or a genai ``StreamerBase`` for a call with one
+        answer, or a list with one of them (or None) per answer, prompt by prompt and sample by
+        sample, to stream several answers at once.
 
         In chat mode (after :meth:`start_chat`) a text input is a user turn: the history goes
         through the model's chat template and the answer is appended to the history (unless the
@@ -338,7 +341,7 @@ class LLMPipeline:
             )
         limit = self.trained_context[0] if self.trained_context else None
         results: list[GenerationResult] = []
-        for prompt in prompts:
+        for index, prompt in enumerate(prompts):
             started = timer.now()
             history = self._history if chat else None
             ids = self._encoder.ids(prompt, config.apply_chat_template, history, timer)
@@ -353,7 +356,7 @@ class LLMPipeline:
                 self.tokenizer,
                 ids,
                 config,
-                streamer=streamer,
+                streamer=_prompt_streamers(streamer, index, config.num_return_sequences),
                 position_limit=limit,
                 make_constraint=self._constraint(config),
             )
@@ -406,3 +409,10 @@ class LLMPipeline:
             with self._alone():  # the pools are allocated anew
                 text = self.runner.set_window_shares(shares, label("kv_window_shares"))
             self.config = replace(self.config, kv_window_shares=text)
+
+
+def _prompt_streamers(streamer: Any, prompt: int, samples: int) -> Any:
+    """Prompt ``prompt``'s streamers out of a call's list (one per answer), or the one."""
+    if isinstance(streamer, (list, tuple)):
+        return list(streamer[prompt * samples : (prompt + 1) * samples])
+    return streamer

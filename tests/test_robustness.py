@@ -161,3 +161,22 @@ def test_a_prompt_past_the_tokenizers_own_cut_is_never_shortened(smol_dir):
         int(i)
         for i in openvino_genai.Tokenizer(str(smol_dir)).encode("Hello there").input_ids.data[0]
     ]
+
+
+def test_a_list_of_streamers_streams_every_answer(any_pipe):
+    """One streamer per answer (prompts x samples): each gets exactly its answer's text, on
+    the batched path and on the one-at-a-time paths alike."""
+    pieces: list[list[str]] = [[] for _ in range(4)]
+    streamers = [pieces[i].append for i in range(4)]
+    result = any_pipe.generate(
+        ["Hi there", "Name a fruit"], max_new_tokens=8, num_return_sequences=2, do_sample=True,
+        rng_seed=3, ignore_eos=True, streamer=streamers,
+    )  # fmt: skip
+    assert ["".join(p) for p in pieces] == list(result.texts)
+    assert all(pieces)
+    with pytest.raises(ValueError, match="one streamer per answer"):
+        any_pipe.generate("Hi", max_new_tokens=2, streamer=streamers)
+    with pytest.raises(ValueError, match="list of 2 streamers"):
+        any_pipe.generate(
+            "Hi", max_new_tokens=2, num_return_sequences=2, do_sample=True, streamer=print
+        )

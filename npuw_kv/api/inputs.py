@@ -160,8 +160,16 @@ def check_request(request: Request, config: Any, streamer: Any, chatting: bool) 
         raise UsageError(
             "a chat history goes through the chat template: not with apply_chat_template=False"
         )
-    if streamer is not None and len(request.prompts) * repeats > 1:
+    answers = len(request.prompts) * repeats
+    if isinstance(streamer, (list, tuple)):
+        if len(streamer) != answers or config.num_beams > 1:
+            raise UsageError(
+                f"a list of streamers takes one streamer per answer: {len(request.prompts)} "
+                f"prompt(s) x num_return_sequences={repeats} = {answers}, got {len(streamer)}"
+                + (" (beam search takes none)" if config.num_beams > 1 else "")
+            )
+    elif streamer is not None and answers > 1:
         raise UsageError(
-            "a streamer takes one answer: give one prompt and num_return_sequences=1 "
-            f"(got {len(request.prompts)} prompt(s) x {repeats})"
+            "a streamer takes one answer: give one prompt and num_return_sequences=1, or a "
+            f"list of {answers} streamers (got {len(request.prompts)} prompt(s) x {repeats})"
         )

@@ -1,12 +1,14 @@
-"""``npuw-kv``: generate, chat, inspect, bench, accuracy."""
+"""``npuw-kv``: generate, chat, serve, inspect, bench, accuracy."""
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 from .. import __version__
 from ..tools.bench_worker import RUNTIMES
@@ -48,6 +50,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     return chat_session(_load(args), args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from ..serve.server import serve
+    except ModuleNotFoundError as exc:
+        cli_io.error(
+            f"npuw-kv serve needs the 'serve' extra ({exc.name} is missing): "
+            "pip install 'npuw-kv[serve]'"
+        )
+        return 2
+    pipe = _load(args)
+    live = int(pipe.kv_stats()["max_live_sequences"])
+    model_id = args.served_model_name or _model_id(args.model_source)
+    return serve(
+        pipe,
+        model_id,
+        host=args.host,
+        port=args.port,
+        live=live,
+        queue=args.queue,
+        api_key=args.api_key or os.environ.get("NPUW_KV_API_KEY") or None,
+        grace_s=args.grace,
+        access_log=args.access_log,
+    )
+
+
+def _model_id(model: str | None) -> str:
+    """The name clients use for the model: the shipped model's, or the file's / folder's."""
+    if not model:
+        return "smollm2"
+    path = Path(model)
+    return path.stem if path.suffix.lower() == ".gguf" else (path.name or str(model))
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -194,6 +229,44 @@ def build_parser() -> argparse.ArgumentParser:
     text_args(chat, 256)
     chat.add_argument("--system", default=None, help="system message")
     chat.set_defaults(func=cmd_chat)
+    srv = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (needs the serve extra)",
+        description="Serve the model over OpenAI's /v1/chat/completions, /v1/completions and "
+        "/v1/models (and /health) until Ctrl-C or SIGTERM. On CPU concurrent requests share "
+        "batched steps (up to max_num_seqs, set with -p max_num_seqs=N); on NPU they run "
+        "one at a time.",
+    )
+    model_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    srv.add_argument(
+        "--port", type=_at_least(0), default=8000, help="port (default 8000; 0: any free one)"
+    )
+    srv.add_argument(
+        "--api-key",
+        default=None,
+        help="require this Bearer token on /v1 routes (default: $NPUW_KV_API_KEY, else none)",
+    )
+    srv.add_argument(
+        "--queue",
+        type=_at_least(0),
+        default=64,
+        help="requests that may wait for a turn beyond those running; more get HTTP 429 "
+        "(default 64)",
+    )
+    srv.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients send (default: the model file's or folder's name)",
+    )
+    srv.add_argument(
+        "--grace",
+        type=_at_least(1),
+        default=10,
+        help="seconds running requests may take to finish after a stop signal (default 10)",
+    )
+    srv.add_argument("--access-log", action="store_true", help="log every request")
+    srv.set_defaults(func=cmd_serve)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
     model_args(insp)
     insp.add_argument(

@@ -162,10 +162,16 @@ def generate_sequences(
     """``config.num_return_sequences`` sequences, one after another, each from its own random
     generator (:func:`sample_rng`; genai forks them after the prompt; here each prefills again,
     which the runner serves from the prompt's cached KV where it can).  One streamer cannot take
-    several sequences (genai refuses it too)."""
+    several sequences (genai refuses it too): give a list of ``n`` streamers, one for each."""
     n = config.num_return_sequences
-    if n > 1 and streamer is not None:
+    if isinstance(streamer, (list, tuple)):
+        if len(streamer) != n:
+            raise UsageError(f"{len(streamer)} streamers for num_return_sequences={n}")
+        streamers = list(streamer)
+    elif n > 1 and streamer is not None:
         raise UsageError(f"a streamer takes one sequence, not num_return_sequences={n}")
+    else:
+        streamers = [streamer] * n
     if config.num_beams > 1:  # the pipeline sends these to npuw_kv.generation.beam_search
         raise UsageError(f"num_beams={config.num_beams}: beam search is beam_search.beam_search's")
     return [
@@ -174,7 +180,7 @@ def generate_sequences(
             tokenizer,
             ids,
             config,
-            streamer,
+            streamers[i],
             position_limit,
             make_constraint() if make_constraint is not None else None,
             sample_rng(config.rng_seed, i),

@@ -62,10 +62,12 @@ def requests(
 ) -> list[SequenceRequest]:
     """Each prompt's ``num_return_sequences`` sequences (or its beam search), through the
     chat ``history`` when one is given; a system prompt's tokens held at a raised priority,
-    as on the lone path."""
+    as on the lone path.  ``streamer``: one for the call's one answer, or a list with one per
+    answer (prompt by prompt, sample by sample)."""
     beams = config.num_beams > 1
     if beams:
         check_beam_request(config, streamer, make_constraint)
+    streamers = iter(streamer) if isinstance(streamer, (list, tuple)) else None
     out = []
     for prompt in prompts:
         ids = encoder.ids(prompt, config.apply_chat_template, history, timer)
@@ -76,7 +78,8 @@ def requests(
             held = system_prompt_tokens(tokenizer, messages, ids)
         for sample in range(1 if beams else config.num_return_sequences):
             constraint = make_constraint() if make_constraint is not None else None
-            out.append(SequenceRequest(ids, config, sample, constraint, streamer, held))
+            own = next(streamers) if streamers is not None else streamer
+            out.append(SequenceRequest(ids, config, sample, constraint, own, held))
     return out
 
 

@@ -1,0 +1,129 @@
+"""Pipeline results in OpenAI's response shapes: whole answers, stream chunks, log-probabilities
+and usage counts."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from .protocol import Job
+
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+def new_id(job: Job) -> str:
+    return ("chatcmpl-" if job.chat else "cmpl-") + uuid.uuid4().hex
+
+
+class Reply:
+    """The pieces every response and chunk of one request share."""
+
+    def __init__(self, job: Job, tokenizer: Any) -> None:
+        self.job, self.tokenizer = job, tokenizer
+        self.id = new_id(job)
+        self.created = int(time.time())
+        self.object = "chat.completion" if job.chat else "text_completion"
+
+    def _head(self, chunk: bool = False) -> dict[str, Any]:
+        kind = self.object + (".chunk" if chunk and self.job.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.job.model}
+
+    # -- whole answers ---------------------------------------------------------------------------
+    def whole(self, results: Sequence[Any]) -> dict[str, Any]:
+        """The non-streamed response for ``results`` (one per answer, prompt by prompt)."""
+        choices = []
+        for index, result in enumerate(results):
+            choice: dict[str, Any] = {"index": index}
+            if self.job.chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+            else:
+                choice["text"] = result.text
+            choice["logprobs"] = self.logprobs(result)
+            choice["finish_reason"] = FINISH.get(result.finish_reason, "stop")
+            choices.append(choice)
+        return {**self._head(), "choices": choices, "usage": self.usage(results)}
+
+    def usage(self, results: Sequence[Any]) -> dict[str, int]:
+        """Token counts: each prompt once, every answer's tokens."""
+        n = self.job.n
+        prompt = sum(int(r.prompt_tokens) for r in results[::n])
+        completion = sum(len(r.tokens) for r in results)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    # -- stream chunks ---------------------------------------------------------------------------
+    def chunk(
+        self,
+        index: int,
+        text: str | None = None,
+        finish: str | None = None,
+        logprobs: Any = None,
+        role: bool = False,
+    ) -> dict[str, Any]:
+        """One choice's piece of the stream: its role first (chat), then text, then the
+        finish reason (with the answer's log-probabilities, when asked for)."""
+        choice: dict[str, Any] = {"index": index}
+        if self.job.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = finish
+        out = {**self._head(chunk=True), "choices": [choice]}
+        if self.job.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, results: Sequence[Any]) -> dict[str, Any]:
+        return {**self._head(chunk=True), "choices": [], "usage": self.usage(results)}
+
+    # -- log-probabilities -----------------------------------------------------------------------
+    def logprobs(self, result: Any) -> dict[str, Any] | None:
+        """The answer's log-probabilities in the endpoint's shape, or None if not asked for."""
+        top_n = self.job.top_logprobs
+        if top_n is None:
+            return None
+        tokens = list(result.tokens)
+        chosen = [float(p) for p in result.logprobs]
+        tops = [list(t)[:top_n] for t in result.top_logprobs] or [[] for _ in tokens]
+        texts = self._texts({*tokens, *(t for top in tops for t, _ in top)})
+        if self.job.chat:
+            return {
+                "content": [
+                    {
+                        **_token(texts[token], logprob),
+                        "top_logprobs": [_token(texts[t], p) for t, p in top],
+                    }
+                    for token, logprob, top in zip(tokens, chosen, tops, strict=True)
+                ]
+            }
+        offsets, at = [], 0
+        for token in tokens:
+            offsets.append(at)
+            at += len(texts[token])
+        return {
+            "tokens": [texts[t] for t in tokens],
+            "token_logprobs": chosen,
+            "top_logprobs": [{texts[t]: p for t, p in top} for top in tops] if top_n else None,
+            "text_offset": offsets,
+        }
+
+    def _texts(self, ids: set[int]) -> dict[int, str]:
+        """Each token's own text, decoded in one call."""
+        order = sorted(ids)
+        if not order:
+            return {}
+        decoded = self.tokenizer.decode([[t] for t in order], skip_special_tokens=False)
+        return dict(zip(order, decoded, strict=True))
+
+
+def _token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
