@@ -21,7 +21,9 @@ SMOKED = {
     "bench_blocks.py",
     "bench_host_tier.py",
     "bench_prefix_reuse.py",
+    "bench_serve.py",
     "demo_documents.py",
+    "demo_serve_chat.py",
     "draw_kv_buffer.py",
     "kv_buffer_scenarios.py",
     "memory_stages.py",
@@ -52,6 +54,17 @@ def test_every_script_is_smoked() -> None:
 def test_bench_blocks() -> None:
     out = script("bench_blocks.py", "--quick")
     assert "hit rate" in out
+
+
+def test_bench_serve() -> None:
+    out = script("bench_serve.py", "--quick")
+    for line in ("throughput, 2 clients", "time to first token", "RSS growth", "exit code 0"):
+        assert line in out, out
+
+
+def test_demo_serve_chat() -> None:
+    out = script("demo_serve_chat.py", "--max-tokens", "8")
+    assert out.count("you> ") == 3 and out.count("assistant> ") == 3, out
 
 
 def test_draw_kv_buffer(tmp_path: Path) -> None:

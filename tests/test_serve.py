@@ -10,11 +10,17 @@ import threading
 import httpx
 import openai
 import pytest
-from serve_process import EXACT_ARGS, ServeProcess
+
+from npuw_kv.serve.child import ServeProcess
 
 pytestmark = pytest.mark.slow(seconds=150)
 
 MODEL = "smollm2"
+# the settings of conftest.py's f32_pipe: exact f32 compute and KV on the paged path
+EXACT_ARGS = (
+    "--exact", "--kv-precision", "f32", "--chunk", "256", "--max-prompt-len", "1024",
+    "--min-response-len", "64", "--attention", "pa",
+)  # fmt: skip
 QUESTIONS = [
     "Why is the sky blue?",
     "Name three fruits.",

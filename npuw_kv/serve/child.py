@@ -1,28 +1,28 @@
-"""``npuw-kv serve`` started in a child process on 127.0.0.1 for a test, stopped by SIGTERM."""
+"""``npuw-kv serve`` in a child process on 127.0.0.1, for tests, benchmarks and the demo:
+started with ``--port 0``, its URL read from the line it prints once it listens, stopped by a
+signal (its exit code returned)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
-import httpx
-
-# the settings of tests/conftest.py's f32_pipe: exact f32 compute and KV on the paged path
-EXACT_ARGS = (
-    "--exact", "--kv-precision", "f32", "--chunk", "256", "--max-prompt-len", "1024",
-    "--min-response-len", "64", "--attention", "pa",
-)  # fmt: skip
 START_S = 300  # a cold model cache converts the GGUF first
 
 
 class ServeProcess:
     def __init__(self, *args: str) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 (closed by stop)
+        # the child's stderr: read by stderr(), closed by stop()
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
+        self._stderr: str | None = None
         command = [sys.executable, "-m", "npuw_kv.cli", "serve", "--port", "0", *args]
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=self.log, text=True, env=dict(os.environ)
@@ -41,13 +41,17 @@ class ServeProcess:
         self.root = self.url.removesuffix("/v1")
 
     def stderr(self) -> str:
-        return Path(self.log.name).read_text()
+        """What the server wrote to stderr (kept after :meth:`stop`)."""
+        if self._stderr is None:
+            return Path(self.log.name).read_text()
+        return self._stderr
 
-    def health(self) -> dict:
-        return httpx.get(self.root + "/health", timeout=10).json()
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.root + "/health", timeout=10) as reply:
+            return dict(json.load(reply))
 
-    def wait_idle(self, timeout_s: float = 120.0) -> dict:
-        """/health once no request runs or waits."""
+    def wait_idle(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """/health once no request runs or waits (or after ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         while True:
             health = self.health()
@@ -55,14 +59,22 @@ class ServeProcess:
                 return health
             time.sleep(0.05)
 
+    def rss_mb(self) -> float:
+        """The server's resident memory now."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS in /proc (Linux only)")
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            code = self.proc.wait(timeout_s)
+            return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
         finally:
+            self._stderr = self.stderr()
             self.log.close()
-        return code
+            Path(self.log.name).unlink(missing_ok=True)
