@@ -121,6 +121,13 @@ def test_chat_logprobs(client):
     for item in content:  # greedy: the chosen token is the likeliest
         assert len(item.top_logprobs) == 2 and item.top_logprobs[0].logprob == item.logprob
         assert bytes(item.bytes).decode() == item.token
+    stream = client.chat.completions.create(
+        model=MODEL, messages=chat("Hi"), max_tokens=6, logprobs=True, top_logprobs=2, stream=True
+    )
+    collected = [
+        item for chunk in stream for c in chunk.choices if c.logprobs for item in c.logprobs.content
+    ]  # they come with the answer's last chunk
+    assert [(t.token, t.logprob) for t in collected] == [(t.token, t.logprob) for t in content]
 
 
 def test_json_schema_output_validates(client):
@@ -170,6 +177,17 @@ def test_closing_the_stream_cancels_the_request(server, client):
     assert health["requests"]["cancelled"] == before + 1
     again = client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=4)
     assert again.choices[0].message.content
+
+
+def test_a_client_that_gives_up_cancels_its_request(server):
+    """A non-streamed request whose client closes the connection (here: its timeout) ends
+    too, rather than running its 900 tokens for nobody."""
+    before = server.health()["requests"]["cancelled"]
+    body = {"model": MODEL, "messages": chat("Count."), "max_tokens": 900, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/chat/completions", json=body, timeout=1.0)
+    health = server.wait_idle()
+    assert health["running"] == 0 and health["requests"]["cancelled"] == before + 1
 
 
 @pytest.mark.parametrize(
@@ -263,6 +281,14 @@ def test_api_key_queue_limit_and_sigterm():
     finally:
         if proc.proc.poll() is None:
             proc.stop(signal.SIGKILL)
+
+
+def test_ctrl_c_stops_the_server_with_exit_code_0():
+    proc = ServeProcess(*EXACT_ARGS)
+    client = openai.OpenAI(base_url=proc.url, api_key="unused", max_retries=0, timeout=300)
+    assert client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=3).choices
+    assert proc.stop(signal.SIGINT) == 0, proc.stderr()
+    assert "Traceback" not in proc.stderr()
 
 
 def test_npu_path_queues_four_streaming_clients():
