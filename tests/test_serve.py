@@ -64,6 +64,27 @@ def streamed(stream) -> tuple[dict[int, str], dict[int, str], object]:
     return texts, finish, usage
 
 
+def stream_all(client, requests: list[tuple[str, int]]) -> list[str | None]:
+    """Each (question, max_tokens) streamed by its own thread at once; each answer's text."""
+    got: list[str | None] = [None] * len(requests)
+
+    def one(i: int) -> None:
+        question, n = requests[i]
+        stream = client.chat.completions.create(
+            model=MODEL, messages=chat(question), max_tokens=n, stream=True
+        )
+        texts, finish, _ = streamed(stream)
+        assert set(finish) == {0}
+        got[i] = texts[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    return got
+
+
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert server.health()["status"] == "ok"
@@ -231,22 +252,7 @@ def test_bad_requests_keep_the_server_serving(server, client):
 def test_32_streaming_clients_each_get_their_own_answer(server, client, f32_pipe):
     requests = [(QUESTIONS[i % len(QUESTIONS)], 8 + (i % 5) * 4) for i in range(32)]
     expected = [f32_pipe.generate(chat(q), max_new_tokens=n).results[0].text for q, n in requests]
-    got: list[str | None] = [None] * len(requests)
-
-    def one(i: int) -> None:
-        question, n = requests[i]
-        stream = client.chat.completions.create(
-            model=MODEL, messages=chat(question), max_tokens=n, stream=True
-        )
-        texts, finish, _ = streamed(stream)
-        assert set(finish) == {0}
-        got[i] = texts[0]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    got = stream_all(client, requests)
     assert got == expected
     assert server.wait_idle()["running"] == 0
 
@@ -307,20 +313,7 @@ def test_npu_path_queues_four_streaming_clients():
             .message.content
             for q, n in requests
         ]
-        got: list[str | None] = [None] * len(requests)
-
-        def one(i: int) -> None:
-            question, n = requests[i]
-            stream = client.chat.completions.create(
-                model=MODEL, messages=chat(question), max_tokens=n, stream=True
-            )
-            got[i] = streamed(stream)[0][0]
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
+        got = stream_all(client, requests)
         assert got == alone
         assert proc.wait_idle()["requests"]["completed"] == 8
     finally:
