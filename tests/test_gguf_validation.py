@@ -93,6 +93,18 @@ def tensor_type_offset(path: Path, index: int) -> int:
     return field.offset + 8 + len(bytes(name)) + 4 + 8 * int(n_dims[0])
 
 
+def tensor_dim_offset(path: Path, index: int, dim: int) -> int:
+    """Byte offset of tensor ``index``'s dimension ``dim`` (GGUF lists the fastest first)."""
+    field = metadata(path).tensors[index].field
+    return field.offset + 8 + len(bytes(field.parts[1])) + 4 + 8 * dim
+
+
+def resized(data: bytes, path: Path, index: int, factor: float) -> bytes:
+    """Tensor ``index``'s second dimension declared ``factor`` times its real size."""
+    at = tensor_dim_offset(path, index, 1)
+    return patched(data, at, "<Q", int(struct.unpack_from("<Q", data, at)[0] * factor))
+
+
 def six_dim_gguf(path: Path) -> None:
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_tensor("odd.weight", np.zeros((1, 1, 1, 1, 2, 32), np.float32))
@@ -145,6 +157,14 @@ DAMAGED: dict[str, tuple[Callable[[bytes, Path], bytes], tuple[str, ...]]] = {
         ("no general.architecture key",),
     ),
     "empty file": (lambda d, p: b"", ("empty file (0 bytes)",)),
+    "a tensor declared twice its size": (  # its data runs into the next one, inside the file
+        lambda d, p: resized(d, p, 3, 2),
+        ("corrupt tensor table: tensor 'blk.0.attn_q.weight'", "runs into tensor"),
+    ),
+    "an embedding smaller than the vocabulary": (
+        lambda d, p: resized(d, p, 0, 0.5),
+        ("token_embd.weight has", "rows, fewer than the tokenizer's"),
+    ),
 }
 
 

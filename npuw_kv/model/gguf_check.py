@@ -10,6 +10,7 @@ the memory map.
 
 from __future__ import annotations
 
+import itertools
 import math
 import stat
 import struct
@@ -117,6 +118,23 @@ def _check_contents(reader: gguf.GGUFReader) -> None:
         raise GGUFProblem("general.architecture is not a model family name")
     if not reader.tensors:
         raise GGUFProblem("no tensors")
+    _check_vocabulary(reader)
+
+
+def _check_vocabulary(reader: gguf.GGUFReader) -> None:
+    """Every token id the tokenizer can produce needs an embedding row: fewer rows make the
+    model look up rows that are not there (garbage, or a crash in the gather)."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if tokens is None or embedding is None or len(embedding.shape) < 2:
+        return
+    vocab = len(tokens.data)
+    rows = int(embedding.shape[-1])  # GGUF lists dims fastest first: [n_embd, n_vocab]
+    if rows < vocab:
+        raise GGUFProblem(
+            f"the embedding token_embd.weight has {rows:,} rows, fewer than the tokenizer's "
+            f"{vocab:,} tokens"
+        )
 
 
 def _describe(exc: Exception) -> str:
@@ -190,13 +208,21 @@ class _BoundedReader(gguf.GGUFReader):
         return np.dtype(scalar).itemsize if scalar is not None else 1
 
     def _build_tensors(self, start_offs: int, fields: list[gguf.ReaderField]) -> None:
-        for field in fields:
-            _check_tensor(field, start_offs, self._bytes.size)
+        extents = sorted(_check_tensor(field, start_offs, self._bytes.size) for field in fields)
+        # a tensor declared larger than its data runs into the next one: the converter would
+        # read its neighbour's bytes as its own (and build a graph of the wrong size)
+        for (start, end, name), (next_start, _, next_name) in itertools.pairwise(extents):
+            if end > next_start:
+                raise GGUFProblem(
+                    f"corrupt tensor table: tensor {name!r} (bytes {start:,} to {end:,}) runs "
+                    f"into tensor {next_name!r}, which starts at byte {next_start:,}"
+                )
         super()._build_tensors(start_offs, fields)
 
 
-def _check_tensor(field: gguf.ReaderField, data_start: int, size: int) -> None:
-    """Dims, type and data range of one tensor description (before gguf-py maps its data)."""
+def _check_tensor(field: gguf.ReaderField, data_start: int, size: int) -> tuple[int, int, str]:
+    """Dims, type and data range of one tensor description (before gguf-py maps its data);
+    its data's (start, end) bytes and its name."""
     _, name_data, n_dims, dims, raw_type, offset = field.parts
     name = bytes(name_data).decode("utf-8", "replace")
     if int(n_dims[0]) > MAX_DIMS:
@@ -212,8 +238,10 @@ def _check_tensor(field: gguf.ReaderField, data_start: int, size: int) -> None:
             f"tensor {name!r}: rows of {shape[0]} values are not whole {qtype.name} blocks "
             f"of {block}"
         )
-    end = data_start + int(offset[0]) + math.prod(shape) // block * type_size
+    start = data_start + int(offset[0])
+    end = start + math.prod(shape) // block * type_size
     if end > size:
         raise GGUFProblem(
             f"truncated: tensor {name!r} ends at byte {end:,}, beyond the file's {size:,} bytes"
         )
+    return start, end, name
