@@ -38,12 +38,12 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ModelSourceError
+from .cache_entry import cached_entry
 from .ir_cache import (
     IR_FILES,
     SOURCE_INFO,
     TOKENIZER_FILES,
     cache_root,
-    conversion_dir,
     source_info,
 )
 
@@ -94,10 +94,6 @@ CHAT_TEMPLATE = (
 def gemma3_cache_dir(root: Path | None = None) -> Path:
     """Where the converted IR lives: named by the GGUF's hash and the conversion's version."""
     return (root or cache_root()) / f"gemma-3-270m-q4_k_m-{GGUF_SHA256[:12]}-ov{CONVERSION}"
-
-
-def is_converted(path: Path) -> bool:
-    return all((path / f).is_file() for f in (*IR_FILES, *TOKENIZER_FILES, SOURCE_INFO))
 
 
 def gemma3_package() -> ModuleType:
@@ -153,16 +149,21 @@ def check_converter() -> None:
 def convert_gemma3(cache_dir: Path | None = None, log: Callable[..., None] = print) -> Path:
     """Return the converted Gemma 3 IR directory, converting it once into the cache."""
     target = gemma3_cache_dir(cache_dir)
-    if is_converted(target):
-        return target
-    package = gemma3_package()
-    check_converter()
-    start = time.perf_counter()
-    log(f"[npuw-kv] converting Gemma 3 270M to OpenVINO IR in {target} (once)", file=sys.stderr)
-    with conversion_dir(target) as work:
+
+    def make(work: Path) -> None:
+        package = gemma3_package()
+        start = time.perf_counter()
+        log(f"[npuw-kv] converting Gemma 3 270M to OpenVINO IR in {target} (once)",
+            file=sys.stderr)  # fmt: skip
         convert_into(package, work, log)
-    log(f"[npuw-kv] converted in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return target
+        log(f"[npuw-kv] converted in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+    def prerequisites() -> None:
+        gemma3_package()
+        check_converter()
+
+    required = (*IR_FILES, *TOKENIZER_FILES, SOURCE_INFO)
+    return cached_entry(target, required, make, log, prerequisites)
 
 
 def assemble_gguf(folder: Path, package: ModuleType | None = None) -> Path:

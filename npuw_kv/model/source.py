@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.settings import GGUF_ZERO_POINTS
-from ..errors import ModelLoadError, ModelSourceError
+from ..errors import ModelLoadError, ModelSourceError, last_line
+from .cache_entry import cache_error, cached_entry, write_manifest
 from .ir_cache import (
     IR_FILES,
     SOURCE_INFO,
     TOKENIZER_FILES,
     cache_root,
-    conversion_dir,
     source_info,
 )
 from .ir_cache import write_source_info as _write_source_info
@@ -82,11 +82,8 @@ def convert_gguf(
     if not gguf.is_file():  # nothing to stat for the cache key: say what the path is instead
         _checked_gguf(gguf, gguf)
     target = _gguf_cache_dir(gguf, cache_dir or cache_root(), zero_points)
-    if all((target / f).is_file() for f in IR_FILES + TOKENIZER_FILES):
-        if not (target / SOURCE_INFO).is_file():  # converted by an older npuw-kv
-            _write_source_info(target, _source_info(gguf))
-        return target
-    with conversion_dir(target) as tmp:
+
+    def make(tmp: Path) -> None:
         work = tmp / gguf.name
         shutil.copyfile(gguf, work)
         # the copy is what the converter reads, so the copy is what gets checked
@@ -100,6 +97,14 @@ def convert_gguf(
         if zero_points == "exact":
             _exact_zero_points(tmp, gguf, log)
         _write_source_info(tmp, info)
+
+    cached_entry(target, IR_FILES + TOKENIZER_FILES, make, log)
+    if not (target / SOURCE_INFO).is_file():  # converted by an older npuw-kv
+        try:
+            _write_source_info(target, _source_info(gguf))
+            write_manifest(target)
+        except OSError as exc:
+            raise cache_error(target.parent, exc) from exc
     return target
 
 
@@ -125,7 +130,13 @@ def _run_converter(work: Path, gguf: Path) -> None:
         pipe = openvino_genai.LLMPipeline(str(work), "CPU", enable_save_ov_model=True)
         del pipe
     except Exception as exc:  # the converter's message names the unsupported part
-        raise ModelSourceError(f"openvino-genai could not convert {gguf}: {exc}") from exc
+        free = shutil.disk_usage(work.parent).free
+        hint = ""
+        if free < 2 * work.stat().st_size:  # its own words for a full disk: "iostream error"
+            hint = (f" (the cache's disk has {free >> 20} MB free, less than the conversion "
+                    "needs: set NPUW_KV_CACHE_DIR to a directory with more room)")  # fmt: skip
+        message = last_line(exc)
+        raise ModelSourceError(f"openvino-genai could not convert {gguf}: {message}{hint}") from exc
 
 
 def _source_info(
