@@ -22,7 +22,7 @@ import openvino_genai
 
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
-from .api.inputs import Prompt
+from .api.inputs import MAX_SEQUENCES, Prompt
 from .errors import UsageError
 from .generation.beam_search import check_beam_request
 from .generation.session import SequenceRequest, Ticket
@@ -203,6 +203,11 @@ class ContinuousBatchingPipeline:
             ids = pipe._encoder.ids(Prompt(text=prompt), config.apply_chat_template)
         else:
             raise UsageError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
+        if config.num_return_sequences > MAX_SEQUENCES:
+            raise UsageError(
+                f"num_return_sequences={config.num_return_sequences}: at most {MAX_SEQUENCES} "
+                "per request"
+            )
         handle = GenerationHandle(int(request_id), self)
         factory = pipe._constraint(config)
         beams = config.num_beams > 1

@@ -143,7 +143,11 @@ def test_assisted_fields_need_a_speculative_pipeline(f32_pipe, count_ids, name, 
         ({"frequency_penalty": -2.5}, r"frequency_penalty must be in \[-2, 2\]"),
         ({"min_p": 1.0}, r"min_p must be in \[0, 1\)"),
         ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens .5. must be <= max_new"),
-        ({"stop_token_ids": {-3}}, "stop_token_ids must be non-negative"),
+        ({"stop_token_ids": {-3}}, r"stop_token_ids must be token ids \(integers >= 0\)"),
+        ({"stop_token_ids": {2**64}}, "stop_token_ids must be token ids"),
+        ({"eos_token_id": 2**64}, f"eos_token_id must be <= {2**63 - 1}"),
+        ({"rng_seed": 2**64}, f"rng_seed must be <= {2**64 - 1}"),
+        ({"num_beam_groups": 3}, r"num_beam_groups \(3\) must be <= num_beams \(1\)"),
         ({"logprobs": -1}, "logprobs must be >= 0"),
         ({"echo": "yes"}, "echo must be True or False"),
         ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number"),
@@ -158,6 +162,16 @@ def test_assisted_fields_need_a_speculative_pipeline(f32_pipe, count_ids, name, 
 def test_bad_values_name_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
         GenerationConfig(**settings)
+
+
+def test_calls_asking_for_absurd_numbers_of_sequences_are_refused(f32_pipe):
+    """Each sequence is held until the call ends: a call may ask for 1024 at most, and a beam
+    search for no more beams than one step runs (max_num_seqs)."""
+    with pytest.raises(ValueError, match="at most 1024: split the call"):
+        f32_pipe.generate(["a", "b"], do_sample=True, num_return_sequences=600)
+    with pytest.raises(ValueError, match=r"at most max_num_seqs \(16\)"):
+        f32_pipe.generate("a", num_beams=17, max_new_tokens=2)
+    assert f32_pipe.generate("a", max_new_tokens=2).tokens
 
 
 def test_a_genai_config_drives_generate(f32_pipe, count_ids):

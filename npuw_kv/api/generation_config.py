@@ -156,6 +156,8 @@ class GenerationConfig:
         for name in ("diversity_penalty", "length_penalty"):
             self._check_number(name)
         beams, groups = self.num_beams, self.num_beam_groups
+        if groups > beams:
+            raise UsageError(f"num_beam_groups ({groups}) must be <= num_beams ({beams})")
         if self.num_return_sequences > 1 and not self.do_sample and beams == 1:
             raise UsageError(
                 f"num_return_sequences={self.num_return_sequences} needs do_sample=True "
@@ -194,6 +196,9 @@ class GenerationConfig:
             raise UsageError(f"{name} must be an integer, got {value!r}")
         if value < low:
             raise UsageError(f"{name} must be >= {low}, got {value}")
+        high = _UINT64_MAX if name in _UNSIGNED else _INT64_MAX  # what genai's C++ fields hold
+        if value > high:
+            raise UsageError(f"{name} must be <= {high}, got {value}")
         setattr(self, name, int(value))
 
     def _check_number(self, name: str) -> None:
@@ -290,15 +295,24 @@ def _string_set(stops: Any) -> set[str]:
     return stops
 
 
+_INT64_MAX = 2**63 - 1
+_UINT64_MAX = 2**64 - 1
+_UNSIGNED = ("rng_seed", "max_new_tokens", "max_length", "no_repeat_ngram_size")  # size_t
+
+
 def _id_set(ids: Any) -> set[int]:
     ids = {ids} if isinstance(ids, (int, np.integer)) else ids
     try:
         ids = set(ids)
     except TypeError:
         raise UsageError(f"stop_token_ids must be a set of token ids, got {ids!r}") from None
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0]
+    bad = [
+        i
+        for i in ids
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i <= _INT64_MAX
+    ]
     if bad:
-        raise UsageError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
+        raise UsageError(f"stop_token_ids must be token ids (integers >= 0), got {bad[0]!r}")
     return {int(i) for i in ids}
 
 

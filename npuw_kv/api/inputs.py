@@ -143,6 +143,10 @@ def token_ids(inputs: Any, vocab_size: int) -> np.ndarray:
     return array.astype(np.int64).reshape(-1)
 
 
+# the most sequences one call may ask for (each is held, and run, until the call ends)
+MAX_SEQUENCES = 1024
+
+
 def check_request(request: Request, config: Any, streamer: Any, chatting: bool) -> None:
     """Refuse what a request cannot mean, before any work (``num_return_sequences`` itself is
     checked by the GenerationConfig)."""
@@ -161,6 +165,13 @@ def check_request(request: Request, config: Any, streamer: Any, chatting: bool) 
             "a chat history goes through the chat template: not with apply_chat_template=False"
         )
     answers = len(request.prompts) * repeats
+    sequences = len(request.prompts) * max(repeats, config.num_beams)
+    if sequences > MAX_SEQUENCES:
+        raise UsageError(
+            f"{len(request.prompts)} prompt(s) x {max(repeats, config.num_beams)} "
+            f"(num_return_sequences / num_beams) = {sequences} sequences in one call; at most "
+            f"{MAX_SEQUENCES}: split the call"
+        )
     if isinstance(streamer, (list, tuple)):
         if len(streamer) != answers or config.num_beams > 1:
             raise UsageError(

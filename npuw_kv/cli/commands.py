@@ -371,8 +371,17 @@ def _main(argv: list[str]) -> int:
         hint = ""
         if "MAX_PROMPT_LEN" in str(exc) and hasattr(args, "max_prompt_len"):
             hint = " (on the command line: --max-prompt-len)"
-        print(f"npuw-kv: error: {exc}{hint}", file=sys.stderr)
+        print(f"npuw-kv: error: {cli_io.one_line(exc)}{hint}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # the reader went away: cli_io.run ends quietly
+    except Exception as exc:  # nothing we foresaw: one line; the traceback when asked for
+        if os.environ.get("NPUW_KV_DEBUG"):
+            raise
+        cli_io.error(
+            f"{type(exc).__name__}: {cli_io.one_line(exc)} (NPUW_KV_DEBUG=1 shows the traceback)"
+        )
+        return 1
 
 
 if __name__ == "__main__":

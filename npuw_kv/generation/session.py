@@ -24,6 +24,7 @@ from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..api.inputs import Prompt
 from ..api.perf_metrics import CallTimer
+from ..errors import UsageError
 from ..runtime.paged.batch import BatchEngine
 from ..runtime.paged.runner import PagedRunner
 from .batch import BatchDriver, BatchTimes, Outcome
@@ -149,6 +150,13 @@ class BatchSession:
         at once (``at_once`` sequences of the longest's size, when given), keeping the blocks
         of the live ones."""
         ticket = ticket if ticket is not None else Ticket()
+        for r in requests:
+            if r.config.num_beams > self.engine.max_num_seqs:
+                raise UsageError(
+                    f"num_beams={r.config.num_beams}: a beam search steps all its beams at "
+                    f"once, at most max_num_seqs ({self.engine.max_num_seqs}) sequences; lower "
+                    "num_beams or raise max_num_seqs (MAX_NUM_SEQS)"
+                )
         with self._between_steps():
             if not self.busy:
                 self.runner.release()  # a lone run's sequence: cached, not live
