@@ -179,3 +179,18 @@ def test_a_second_caller_waits_for_the_first_conversion_and_reuses_it(tmp_path):
     second.join(60)
     assert made == ["first"] and result == [entry]
     assert entry_problem(entry, REQUIRED) is None
+
+
+def test_a_truncated_ir_outside_the_cache_is_one_clear_error(converted, tmp_path):
+    from npuw_kv import LLMPipeline
+    from npuw_kv.errors import ModelLoadError
+
+    model = tmp_path / "ir"
+    shutil.copytree(converted, model)
+    with (model / "openvino_model.bin").open("r+b") as weights:
+        weights.truncate(1000)
+    with pytest.raises(ModelLoadError) as info:
+        LLMPipeline(model, "CPU")
+    message = str(info.value)
+    assert "Incorrect weights in bin file" in message and "copy the model again" in message
+    assert "\n" not in message and "Exception from" not in message

@@ -306,4 +306,9 @@ def read_ir(core: ov.Core, ir_dir: Path) -> ov.Model:
     try:
         return core.read_model(str(xml))
     except Exception as exc:
-        raise ModelLoadError(f"cannot read {xml} as an OpenVINO IR ({exc})") from exc
+        # OpenVINO's message: where in its C++ sources the check failed, then what failed
+        detail = last_line(exc).rsplit(" failed at ", 1)[-1].split(": ", 1)[-1].strip()
+        raise ModelLoadError(
+            f"cannot read {xml} as an OpenVINO IR: {detail or type(exc).__name__} (a damaged "
+            "or truncated openvino_model.xml / .bin: export or copy the model again)"
+        ) from exc
