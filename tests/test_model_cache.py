@@ -194,3 +194,23 @@ def test_a_truncated_ir_outside_the_cache_is_one_clear_error(converted, tmp_path
     message = str(info.value)
     assert "Incorrect weights in bin file" in message and "copy the model again" in message
     assert "\n" not in message and "Exception from" not in message
+
+
+def test_a_converter_failure_on_a_full_disk_says_so(tiny, tmp_path, monkeypatch):
+    import collections
+
+    import openvino_genai
+
+    from npuw_kv.model import source
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("Exception from src/x.cpp:1:\nbasic_ios::clear: iostream error")
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(openvino_genai, "LLMPipeline", full_disk)
+    monkeypatch.setattr(source.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 4096))
+    with pytest.raises(ModelSourceError) as info:
+        convert_gguf(tiny, tmp_path / "cache", log=lambda *a, **k: None)
+    message = str(info.value)
+    assert "iostream error" in message and "0 MB free" in message
+    assert "NPUW_KV_CACHE_DIR" in message and "\n" not in message
