@@ -24,9 +24,11 @@ from npuw_kv import LLMPipeline
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
 from npuw_kv.model.head import head_matmul
+from npuw_kv.model.source import resolve_model
 from npuw_kv.model.transforms import lm_head_on_last
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from make_tiny_gguf import make_tiny_gguf  # noqa: E402
 from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 NEW = 24
@@ -100,3 +102,18 @@ def test_logits_mixed_with_another_computed_value_are_refused_by_name():
     broken = ov.Model([ops.result(mixed)], [*model.get_parameters(), other])
     with pytest.raises(ModelLayoutError, match="two computed values"):
         head_matmul(broken.outputs[0].get_node())
+
+
+def test_a_small_model_runs_on_npu_at_its_defaults(tmp_path):
+    """NPUW's partitioner leaves a sub-graph referring to another's parameter on a 2-layer,
+    width-64 model ("Model references undeclared parameters"): the NPU path then compiles each
+    static model unpartitioned, says so, and answers as that configuration given explicitly."""
+    gguf = make_tiny_gguf(tmp_path / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
+    model = resolve_model(gguf, cache_dir=tmp_path / "cache", log=lambda *a, **k: None)
+    ids = [int(t) for t in (np.arange(100) * 37) % 5000 + 50]
+    with pytest.warns(RuntimeWarning, match="could not partition this model"):
+        pipe = LLMPipeline(model, "NPU")
+    got = pipe.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+    explicit = LLMPipeline(model, "NPU", NPUW_ONLINE_PIPELINE="NONE", NPUW_FOLD="NO")
+    assert got == explicit.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
+    assert len(got) == 8

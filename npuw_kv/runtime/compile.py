@@ -144,6 +144,16 @@ def compile_requests(
                 ladder.generate_layout,
             )
 
+        # unfolded or unpartitioned, every model holds the weights: the variants only where
+        # asked for
+        pyramid = config.prefill_attention == "pyramid"
+        variants = config.generate_pyramid is True
+        fewer = (
+            ""
+            if pyramid and variants
+            else "; without the variants not asked for explicitly (prefill_attention="
+            "'pyramid', generate_pyramid=YES): one prefill and one generate model"
+        )
         try:
             return compile_all(props)
         except RuntimeError as exc:
@@ -155,26 +165,37 @@ def compile_requests(
                     f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
                     "NPUW_FOLD unset to fall back to NPUW_FOLD=NO when folding fails"
                 ) from exc
+            if (
+                _partitioning_failed(exc)
+                and "NPUW_ONLINE_PIPELINE" not in config.compile_properties
+            ):
+                # NPUW's online partitioner left a sub-graph referring to another's parameter
+                # (seen on small models, e.g. 2 layers of width 64): each model one sub-graph
+                warnings.warn(
+                    f"NPUW could not partition this model ({reason}); compiling with "
+                    "NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every static model is one "
+                    f"sub-graph holding its own copy of the weights{fewer}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                whole = {**props, "NPUW_FOLD": "NO", "NPUW_ONLINE_PIPELINE": "NONE"}
+                return compile_all(whole, pyramid, variants)
             # e.g. optimum-intel's fp16 SmolLM2 export with NPUW_FUNCALL_FOR_ALL=NO: NPUW's
             # folding fails ("unordered_map::at"); run unfolded, at the cost of a second weight copy
-            # unfolded, every model holds the weights: the variants only where asked for
-            pyramid = config.prefill_attention == "pyramid"
-            variants = config.generate_pyramid is True
             warnings.warn(
                 f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
-                "every static model holds its own copy of the weights"
-                + (
-                    ""
-                    if pyramid and variants
-                    else "; without the variants not asked for explicitly (prefill_attention="
-                    "'pyramid', generate_pyramid=YES): one prefill and one generate model"
-                ),
+                f"every static model holds its own copy of the weights{fewer}",
                 RuntimeWarning,
                 stacklevel=2,
             )
             return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
+
+
+def _partitioning_failed(exc: BaseException) -> bool:
+    """NPUW's partitioner produced an invalid sub-graph (not a setting's fault)."""
+    return "references undeclared parameters" in str(exc)
 
 
 def shapes_for(
