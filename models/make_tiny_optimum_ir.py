@@ -17,7 +17,7 @@ Usage::
 
     python models/make_tiny_optimum_ir.py OUT_DIR [--seed 0 --std 0.1 --layers 2 --hidden 64 \
         --heads 4 --kv-heads 2 --intermediate 128 --sliding-window 16 \
-        --arch llama|mistral|qwen2|granite]
+        --arch llama|mistral|qwen2|granite|olmo2|gpt_neox]
 
 ``OUT_DIR`` gets openvino_model.xml/.bin (stateful: inputs input_ids, attention_mask,
 position_ids, beam_idx; KV cache in ReadValue/Assign), openvino_tokenizer.xml,
@@ -193,6 +193,13 @@ def _olmo2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[
     return transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}
 
 
+def _gpt_neox(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # Pythia's form: attention and MLP side by side on one residual, RoPE on a quarter of
+    # each head, multi-head attention (num_key_value_heads has no meaning here)
+    extra = {"use_parallel_residual": True, "partial_rotary_factor": 0.25}
+    return transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, extra
+
+
 # arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
 ARCHS = {
     "llama": _llama,
@@ -200,6 +207,7 @@ ARCHS = {
     "qwen2": _qwen2,
     "granite": _granite,
     "olmo2": _olmo2,
+    "gpt_neox": _gpt_neox,
 }
 
 

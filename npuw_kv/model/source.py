@@ -207,6 +207,23 @@ def wide_activations(model_dir: Path) -> bool:
     return kind.startswith(_WIDE_ACTIVATIONS)
 
 
+# architectures NPUW's online partitioner runs wrongly in npuw-kv's static models: GPT-NeoX
+# (Pythia; parallel residual, RoPE on part of each head) gives wrong tokens from the first
+# generate step, with no error, while the same models unpartitioned give openvino-genai's
+_UNPARTITIONED = ("gpt_neox",)
+
+
+def npuw_unpartitioned(model_dir: Path) -> str | None:
+    """The model family, when NPUW must run this model unpartitioned (:data:`_UNPARTITIONED`);
+    else None."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return None
+    config = read_json(path)
+    kind = str((config.get("text_config") or config).get("model_type") or "")
+    return kind if kind in _UNPARTITIONED else None
+
+
 def declared_window(model_dir: Path, capacity: int | None = None) -> int | None:
     """The sliding window the model's config declares for some layers (None: none declared).
 

@@ -29,7 +29,7 @@ from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 from ..model.paged_rewrite import make_paged, split_block_tables
-from ..model.source import declared_window, read_ir, wide_activations
+from ..model.source import declared_window, npuw_unpartitioned, read_ir, wide_activations
 from ..model.variants import prepare
 from .compile import compile_paged, compile_requests, static_shapes
 from .paged.runner import PagedRunner
@@ -137,7 +137,10 @@ def build_runner(
     )
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
-    requests = build.compile(lambda: compile_requests(core, prepared, layout, decided, shapes))
+    unpartitioned = npuw_unpartitioned(model_dir)
+    requests = build.compile(
+        lambda: compile_requests(core, prepared, layout, decided, shapes, unpartitioned)
+    )
     runner = build.allocate(
         kv_capacity,
         lambda: StaticRunner(

@@ -97,8 +97,10 @@ def compile_requests(
     layout: KVLayout,
     decided: Decided[PipelineConfig],
     shapes: StaticShapes,
+    unpartitioned: str | None = None,
 ) -> Requests:
-    """The static models of ``shapes`` (or the one dynamic model), compiled."""
+    """The static models of ``shapes`` (or the one dynamic model), compiled.  ``unpartitioned``:
+    the model family NPUW must not partition (:func:`~npuw_kv.model.source.npuw_unpartitioned`)."""
     config = decided.config
     device, props = device_properties(decided)
     if decided.static_models:
@@ -154,6 +156,16 @@ def compile_requests(
             else "; without the variants not asked for explicitly (prefill_attention="
             "'pyramid', generate_pyramid=YES): one prefill and one generate model"
         )
+        given = config.compile_properties
+        if unpartitioned and device == "NPU" and "NPUW_ONLINE_PIPELINE" not in given:
+            warnings.warn(
+                f"NPUW's partitioned execution gives wrong tokens for {unpartitioned} models "
+                "here: compiling with NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every static "
+                f"model is one sub-graph holding its own copy of the weights{fewer}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return compile_all({**props, **UNPARTITIONED}, pyramid, variants)
         try:
             return compile_all(props)
         except RuntimeError as exc:
@@ -178,8 +190,7 @@ def compile_requests(
                     RuntimeWarning,
                     stacklevel=2,
                 )
-                whole = {**props, "NPUW_FOLD": "NO", "NPUW_ONLINE_PIPELINE": "NONE"}
-                return compile_all(whole, pyramid, variants)
+                return compile_all({**props, **UNPARTITIONED}, pyramid, variants)
             # e.g. optimum-intel's fp16 SmolLM2 export with NPUW_FUNCALL_FOR_ALL=NO: NPUW's
             # folding fails ("unordered_map::at"); run unfolded, at the cost of a second weight copy
             warnings.warn(
@@ -191,6 +202,10 @@ def compile_requests(
             return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
+
+
+# NPUW runs each static model as one sub-graph (so nothing to fold into a weights bank)
+UNPARTITIONED = {"NPUW_ONLINE_PIPELINE": "NONE", "NPUW_FOLD": "NO"}
 
 
 def _partitioning_failed(exc: BaseException) -> bool:
