@@ -95,7 +95,9 @@ def test_a_batch_of_prompts_gives_each_prompts_own_answer(pipe):
     assert [r.tokens for r in batch.results] == [a.tokens for a in alone]
     metrics = batch.perf_metrics
     assert metrics.get_num_input_tokens() == sum(a.prompt_tokens for a in alone)
-    assert metrics.get_num_generated_tokens() == sum(len(a.tokens) for a in alone)
+    # genai counts the stop token that ended an answer as generated
+    ended = sum(a.stop_token is not None for a in alone)
+    assert metrics.get_num_generated_tokens() == sum(len(a.tokens) for a in alone) + ended
     assert len(metrics.raw_metrics.tokenization_durations) == len(prompts)
     assert str(batch).count("\n") == len(prompts) - 1 and str(batch).startswith("0.000000: ")
 
@@ -394,3 +396,12 @@ def test_a_scheduler_cache_size_sizes_the_paged_cache(smol_dir, expected):
     with pytest.raises(ValueError, match="cache_size holds .* fewer than one sequence"):
         pipe.runner.size_cache(2**20, "scheduler_config.cache_size")
     assert pipe.kv_stats()["kv_bytes_allocated"] == stats["kv_bytes_allocated"]
+
+
+def test_generated_tokens_count_the_stop_token_as_genai_does(f32_pipe, genai_f32_pipe):
+    """benchmark_genai's "Output token size": an answer ended by EOS counts the EOS too."""
+    ours = f32_pipe.generate(["Hi"], max_new_tokens=40)
+    theirs = genai_f32_pipe.generate(["Hi"], max_new_tokens=40)
+    assert ours.results[0].stop_token is not None  # the answer ended at EOS
+    assert ours.perf_metrics.get_num_generated_tokens() == len(ours.results[0].tokens) + 1
+    assert theirs.perf_metrics.get_num_generated_tokens() == len(ours.results[0].tokens) + 1

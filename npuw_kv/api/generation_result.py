@@ -24,6 +24,8 @@ class GenerationResult:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
     # genai's ``scores[i]``: the sum of ``logprobs`` and of the stop token's, which genai counts
     score: float = 0.0
+    # the stop token that ended the sequence (not in ``tokens``; genai counts it as generated)
+    stop_token: int | None = None
 
     @property
     def ms_per_token(self) -> float:

@@ -240,7 +240,7 @@ class CallTimer:
                 with self.span("detokenization_durations"):
                     tokenizer.decode(result.tokens)
             if not beams:
-                self.generated += len(result.tokens)
+                self.generated += _generated(result)
 
     def batch_done(
         self, times: Any, requests: Sequence[Sequence[GenerationResult]], tokenizer: Any
@@ -263,10 +263,15 @@ class CallTimer:
                     with self.span("detokenization_durations"):
                         tokenizer.decode(result.tokens)
                 if not times.beam_steps:
-                    self.generated += len(result.tokens)
+                    self.generated += _generated(result)
         self.generated += times.beam_steps
 
     def metrics(self) -> PerfMetrics:
         self.raw.generate_durations.append(now_us() - self.start)
         self.raw.inference_durations.append(float(sum(self.raw.token_infer_durations)))
         return PerfMetrics(self.raw, self.load_time, self.generated, self.inputs)
+
+
+def _generated(result: GenerationResult) -> int:
+    """A sequence's generated tokens as genai counts them: the stop token that ended it too."""
+    return len(result.tokens) + (result.stop_token is not None)

@@ -64,6 +64,7 @@ def decode_loop(
     logprobs: list[float] = []
     top: list[list[tuple[int, float]]] = []
     stop_logprob = 0.0
+    stop_token: int | None = None
     finish = "length"
     ttft = decode_start = time.perf_counter() - start
     while budget is None or len(tokens) < budget:
@@ -72,7 +73,7 @@ def decode_loop(
         if not tokens:
             ttft = decode_start = time.perf_counter() - start
         if token in stop_ids:
-            finish, stop_logprob = "stop", choice.logprob
+            finish, stop_logprob, stop_token = "stop", choice.logprob, token
             break
         tokens.append(token)
         logprobs.append(choice.logprob)
@@ -114,6 +115,7 @@ def decode_loop(
         logprobs[:kept],
         top[:kept] if config.logprobs else [],
         score,
+        stop_token,
     )
 
 
