@@ -306,7 +306,7 @@ class LLMPipeline:
         history = self._history if chat else None
         return requests(
             self._encoder, self.tokenizer, prompts, config, streamer, history, timer,
-            self._constraint(config),
+            self._constraint(config, timer),
         )  # fmt: skip
 
     def _batch_results(
@@ -358,7 +358,7 @@ class LLMPipeline:
                 config,
                 streamer=_prompt_streamers(streamer, index, config.num_return_sequences),
                 position_limit=limit,
-                make_constraint=self._constraint(config),
+                make_constraint=self._constraint(config, timer),
             )
             self._assisted.finish()  # speculative decoding: drop unused candidates' KV
             timer.prompt_done(runner, started, answers, detokenizer)
@@ -377,16 +377,25 @@ class LLMPipeline:
             config.eos_token_id = self.tokenizer.get_eos_token_id()
         return config
 
-    def _constraint(self, config: GenerationConfig) -> Callable[[], Any] | None:
+    def _constraint(
+        self, config: GenerationConfig, timer: CallTimer | None = None
+    ) -> Callable[[], Any] | None:
         """Structured output: a fresh grammar constraint per sequence
-        (npuw_kv.generation.structured)."""
+        (npuw_kv.generation.structured); its compile time goes to ``timer``."""
         if config.structured_output_config is None:
             return None
         from .generation.structured import constraint_for
 
-        return lambda: constraint_for(
-            config.structured_output_config, self.tokenizer, self.vocab_size, config.stop_ids()
-        )
+        def make() -> Any:
+            constraint = constraint_for(
+                config.structured_output_config, self.tokenizer, self.vocab_size, config.stop_ids()
+            )
+            if timer is not None and constraint is not None:
+                timer.raw.grammar_compile_times.append(constraint.compile_us)
+                timer.grammar_init["xgrammar"] = constraint.backend_init_us
+            return constraint
+
+        return make
 
     # -- accounting ---------------------------------------------------------------------------
     def kv_stats(self) -> dict[str, Any]:

@@ -267,3 +267,21 @@ def test_sampled_generation_stays_in_the_grammar(f32_pipe):
         f32_pipe.runner, f32_pipe.tokenizer, ids, config, None, constraint=constraint
     )
     assert result.finish_reason == "stop" and len(result.tokens) == 3 and result.text.isdigit()
+
+
+def test_grammar_times_are_in_the_metrics_as_genai_reports_them(f32_pipe):
+    """get_grammar_compiler_init_times: µs the grammar backend took to set up, by backend;
+    get_grammar_compile_time: each sequence's grammar compile, in ms (min <= mean <= max)."""
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
+    soc = openvino_genai.StructuredOutputConfig(json_schema=schema)
+    out = f32_pipe.generate(["Give JSON.", "More JSON."], max_new_tokens=6,
+                            structured_output_config=soc)  # fmt: skip
+    metrics = out.perf_metrics
+    init = metrics.get_grammar_compiler_init_times()
+    assert set(init) == {"xgrammar"} and init["xgrammar"] > 0
+    assert len(metrics.raw_metrics.grammar_compile_times) == 2
+    stats = metrics.get_grammar_compile_time()
+    assert 0 < stats.min <= stats.mean <= stats.max
+    plain = f32_pipe.generate("Hi", max_new_tokens=2).perf_metrics
+    assert plain.get_grammar_compiler_init_times() == {}
+    assert plain.get_grammar_compile_time().mean == -1

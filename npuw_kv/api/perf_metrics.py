@@ -39,6 +39,25 @@ def mean_std(values_us: Sequence[float]) -> MeanStdPair:
 
 
 @dataclass
+class SummaryStats:
+    """genai's ``SummaryStats``: mean, std, min and max in ms (-1 each when empty)."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+
+
+def summary(values_us: Sequence[float]) -> SummaryStats:
+    if not values_us:
+        return SummaryStats(-1.0, -1.0, -1.0, -1.0)
+    values = np.asarray(values_us, np.float64) / 1000.0
+    return SummaryStats(
+        float(values.mean()), float(values.std()), float(values.min()), float(values.max())
+    )
+
+
+@dataclass
 class RawPerfMetrics:
     """genai's raw lists, in microseconds.  One entry per generate call: generate and
     inference durations; per prompt (they run one after another): tokenization, chat template,
@@ -55,7 +74,7 @@ class RawPerfMetrics:
     m_batch_sizes: list[int] = field(default_factory=list)
     m_durations: list[float] = field(default_factory=list)
     inference_durations: list[float] = field(default_factory=list)
-    grammar_compile_times: list[float] = field(default_factory=list)  # no grammars: empty
+    grammar_compile_times: list[float] = field(default_factory=list)  # one per constraint
     sampling_durations: list[float] = field(default_factory=list)  # not measured: empty
 
     def __add__(self, other: RawPerfMetrics) -> RawPerfMetrics:
@@ -79,6 +98,8 @@ class PerfMetrics:
         self.load_time = load_time  # ms
         self.num_generated_tokens = num_generated_tokens
         self.num_input_tokens = num_input_tokens
+        # µs each grammar backend took to set up for the tokenizer (calls with structured output)
+        self.grammar_compiler_init_times: dict[str, float] = {}
 
     def get_load_time(self) -> float:
         return self.load_time
@@ -124,18 +145,28 @@ class PerfMetrics:
         return mean_std(self.raw_metrics.sampling_durations)
 
     def get_grammar_compiler_init_times(self) -> dict[str, float]:
-        return {}
+        return dict(self.grammar_compiler_init_times)
+
+    def get_grammar_compile_time(self) -> SummaryStats:
+        """Each structured-output constraint's grammar compile time (a cached grammar takes a
+        lookup), in ms."""
+        return summary(self.raw_metrics.grammar_compile_times)
 
     def _sum(self, other: PerfMetrics) -> PerfMetrics:
         """The combined calls, as a plain :class:`PerfMetrics` (subclasses add their parts)."""
         if other.load_time != self.load_time:  # genai's check: one pipeline's calls only
             raise UsageError("generation metrics can be accumulated only for the same pipeline")
-        return PerfMetrics(
+        out = PerfMetrics(
             self.raw_metrics + other.raw_metrics,
             self.load_time,
             self.num_generated_tokens + other.num_generated_tokens,
             self.num_input_tokens + other.num_input_tokens,
         )
+        out.grammar_compiler_init_times = {
+            **self.grammar_compiler_init_times,
+            **other.grammar_compiler_init_times,
+        }
+        return out
 
     def __add__(self, other: PerfMetrics) -> PerfMetrics:
         if not isinstance(other, PerfMetrics):
@@ -202,6 +233,7 @@ class CallTimer:
         self.start = now_us()
         self.raw = RawPerfMetrics()
         self.generated = self.inputs = 0
+        self.grammar_init: dict[str, float] = {}  # µs, by grammar backend
 
     now = staticmethod(now_us)
 
@@ -269,7 +301,9 @@ class CallTimer:
     def metrics(self) -> PerfMetrics:
         self.raw.generate_durations.append(now_us() - self.start)
         self.raw.inference_durations.append(float(sum(self.raw.token_infer_durations)))
-        return PerfMetrics(self.raw, self.load_time, self.generated, self.inputs)
+        metrics = PerfMetrics(self.raw, self.load_time, self.generated, self.inputs)
+        metrics.grammar_compiler_init_times = dict(self.grammar_init)
+        return metrics
 
 
 def _generated(result: GenerationResult) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ class _Backend:
     vocab: list[bytes]
     info: Any  # xgrammar.TokenizerInfo
     compiler: Any  # xgrammar.GrammarCompiler
+    init_us: float  # what building the three took (genai's grammar compiler init time)
 
 
 # one backend per (tokenizer, model vocab size), dropped with the tokenizer
@@ -114,6 +116,7 @@ def _backend(tokenizer: openvino_genai.Tokenizer, vocab_size: int) -> _Backend:
     with _LOCK:
         per_size = _BACKENDS.setdefault(tokenizer, {})
         if vocab_size not in per_size:
+            started = time.perf_counter()
             vocab = tokenizer_vocab(tokenizer)[:vocab_size]  # rows the model cannot produce
             kind = vocab_type_of(vocab)
             info = xgr.TokenizerInfo(
@@ -128,7 +131,8 @@ def _backend(tokenizer: openvino_genai.Tokenizer, vocab_size: int) -> _Backend:
                 max_threads=max(1, min(8, os.cpu_count() or 1)),
                 cache_limit_bytes=COMPILER_CACHE_BYTES,
             )
-            per_size[vocab_size] = _Backend(vocab, info, compiler)
+            init_us = 1e6 * (time.perf_counter() - started)
+            per_size[vocab_size] = _Backend(vocab, info, compiler, init_us)
         return per_size[vocab_size]
 
 
@@ -150,6 +154,8 @@ class GrammarConstraint:
         xgr = xgrammar_module()
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stops)
+        self.compile_us = 0.0  # its grammar's compile time (constraint_for sets both)
+        self.backend_init_us = 0.0  # its tokenizer's grammar backend's set-up time
         self._vocab = vocab
         self._matcher = xgr.GrammarMatcher(
             compiled,
@@ -263,6 +269,10 @@ def constraint_for(
     if vocab_size <= 0:
         raise UsageError(f"vocab_size must be positive, got {vocab_size}")
     backend = _backend(tokenizer, int(vocab_size))
+    started = time.perf_counter()
     compiled = compile_grammar(backend.compiler, kind, text)
     stops = _stop_ids(eos_token_ids, tokenizer, int(vocab_size))
-    return GrammarConstraint(compiled, backend.vocab, int(vocab_size), stops)
+    constraint = GrammarConstraint(compiled, backend.vocab, int(vocab_size), stops)
+    constraint.compile_us = 1e6 * (time.perf_counter() - started)
+    constraint.backend_init_us = backend.init_us
+    return constraint
