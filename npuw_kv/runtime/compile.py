@@ -156,16 +156,22 @@ def compile_requests(
             else "; without the variants not asked for explicitly (prefill_attention="
             "'pyramid', generate_pyramid=YES): one prefill and one generate model"
         )
-        given = config.compile_properties
-        if unpartitioned and device == "NPU" and "NPUW_ONLINE_PIPELINE" not in given:
+        partition_given = "NPUW_ONLINE_PIPELINE" in config.compile_properties
+
+        def whole_models(why: str) -> Requests:
+            """Each static model one sub-graph, holding its own weights (said in a warning)."""
             warnings.warn(
-                f"NPUW's partitioned execution gives wrong tokens for {unpartitioned} models "
-                "here: compiling with NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every static "
-                f"model is one sub-graph holding its own copy of the weights{fewer}",
+                f"{why}: compiling with NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every "
+                f"static model is one sub-graph holding its own copy of the weights{fewer}",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return compile_all({**props, **UNPARTITIONED}, pyramid, variants)
+
+        if unpartitioned and device == "NPU" and not partition_given:
+            return whole_models(
+                f"NPUW's partitioned execution gives wrong tokens for {unpartitioned} models here"
+            )
         try:
             return compile_all(props)
         except RuntimeError as exc:
@@ -177,20 +183,10 @@ def compile_requests(
                     f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
                     "NPUW_FOLD unset to fall back to NPUW_FOLD=NO when folding fails"
                 ) from exc
-            if (
-                _partitioning_failed(exc)
-                and "NPUW_ONLINE_PIPELINE" not in config.compile_properties
-            ):
+            if _partitioning_failed(exc) and not partition_given:
                 # NPUW's online partitioner left a sub-graph referring to another's parameter
-                # (seen on small models, e.g. 2 layers of width 64): each model one sub-graph
-                warnings.warn(
-                    f"NPUW could not partition this model ({reason}); compiling with "
-                    "NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every static model is one "
-                    f"sub-graph holding its own copy of the weights{fewer}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                return compile_all({**props, **UNPARTITIONED}, pyramid, variants)
+                # (seen on small models, e.g. 2 layers of width 64)
+                return whole_models(f"NPUW could not partition this model ({reason})")
             # e.g. optimum-intel's fp16 SmolLM2 export with NPUW_FUNCALL_FOR_ALL=NO: NPUW's
             # folding fails ("unordered_map::at"); run unfolded, at the cost of a second weight copy
             warnings.warn(
