@@ -23,6 +23,7 @@ import openvino_genai
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import MAX_SEQUENCES, Prompt
+from .api.results import finish_reason
 from .errors import UsageError
 from .generation.beam_search import check_beam_request
 from .generation.session import SequenceRequest, Ticket
@@ -51,9 +52,8 @@ class _Sequence:
 
 
 def _output(result: GenerationResult) -> GenerationOutput:
-    reasons = openvino_genai.GenerationFinishReason
-    finish = reasons.STOP if result.finish_reason == "stop" else reasons.LENGTH
-    return GenerationOutput(list(result.tokens), list(result.logprobs), result.score, finish)
+    reason = finish_reason(result.finish_reason)
+    return GenerationOutput(list(result.tokens), list(result.logprobs), result.score, reason)
 
 
 class GenerationHandle:

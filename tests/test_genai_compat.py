@@ -20,7 +20,7 @@ import openvino_genai
 import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
 
-from npuw_kv import LLMPipeline
+from npuw_kv import GenerationConfig, LLMPipeline
 from npuw_kv.api.generation_result import GenerationResult
 from npuw_kv.api.perf_metrics import PerfMetrics
 from npuw_kv.api.results import DecodedResults, EncodedResults, TextResult
@@ -300,7 +300,9 @@ def test_a_parser_streamer_gets_parsed_messages_and_fills_parsed(pipe):
     stopped = pipe.generate(
         prompt, max_new_tokens=NEW, streamer=_Messages(pipe.get_tokenizer(), [parser])
     )
-    assert stopped.finish_reasons == [openvino_genai.GenerationFinishReason.STOP]
+    # as genai: the finish reason says a tool call ended it
+    assert stopped.finish_reasons == [openvino_genai.GenerationFinishReason.TOOL_CALL]
+    assert stopped.results[0].finish_reason == "tool_call"
     assert len(stopped.results[0].tokens) < NEW and stopped.parsed[0]["seen"].startswith("1")
     again = pipe.generate(prompt, max_new_tokens=NEW, streamer=streamer)
     # every call starts afresh (genai resets the streamer and its parsers): not the text twice
@@ -405,3 +407,31 @@ def test_generated_tokens_count_the_stop_token_as_genai_does(f32_pipe, genai_f32
     assert ours.results[0].stop_token is not None  # the answer ended at EOS
     assert ours.perf_metrics.get_num_generated_tokens() == len(ours.results[0].tokens) + 1
     assert theirs.perf_metrics.get_num_generated_tokens() == len(ours.results[0].tokens) + 1
+
+
+def test_special_ids_from_the_directory_survive_the_tokenizer_rebuild(smol_dir, tmp_path):
+    """genai reads an id the tokenizer IR lacks from config.json (genai's own test:
+    eos_token_id 37); the tokenizer npuw-kv rebuilds without the length cut keeps it."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(smol_dir, model)
+    for name in ("openvino_tokenizer.xml", "openvino_detokenizer.xml"):
+        xml = model / name
+        lines = xml.read_text().splitlines(keepends=True)
+        xml.write_text("".join(line for line in lines if "<eos_token_id" not in line))
+    (model / "config.json").write_text('{"eos_token_id": 37}')
+    assert openvino_genai.Tokenizer(str(model)).get_eos_token_id() == 37
+    pipe = LLMPipeline(model, "CPU")
+    assert pipe.get_tokenizer().get_eos_token_id() == 37
+    pipe.set_generation_config(GenerationConfig(do_sample=True))
+    assert pipe.get_generation_config().eos_token_id == 37
+
+
+@pytest.mark.parametrize("path", ["CPU/pa", "CPU/sdpa"])
+def test_empty_token_ids_raise_what_genai_raises(smol_dir, path):
+    pipe = make_pipe(smol_dir, "CPU", attention_backend=path.split("/")[1])
+    empty = ov.Tensor(np.zeros((1, 0), np.int64))
+    with pytest.raises(RuntimeError, match="prompt is empty"):
+        pipe.generate(empty, max_new_tokens=2)
+    assert pipe.generate("Hi", max_new_tokens=2).tokens

@@ -12,7 +12,8 @@ import numpy as np
 class GenerationResult:
     tokens: list[int]
     text: str  # with ``echo``, the prompt's text first
-    # "stop" (stop token / string / constraint / streamer), "length", "cancelled"
+    # "stop" (stop token / string / constraint / streamer), "length", "cancelled", "tool_call"
+    # (a streamer's TOOL_CALL_STOP)
     finish_reason: str
     prompt_tokens: int
     ttft_s: float = 0.0

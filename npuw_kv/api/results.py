@@ -24,7 +24,12 @@ from .perf_metrics import PerfMetrics
 
 FinishReason = openvino_genai.GenerationFinishReason
 # genai reports a streamer's CANCEL as NONE, its STOP as STOP
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "cancelled": FinishReason.NONE}
+_FINISH = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "cancelled": FinishReason.NONE,
+    "tool_call": FinishReason.TOOL_CALL,
+}
 
 
 def finish_reason(reason: str) -> Any:

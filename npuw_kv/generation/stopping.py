@@ -93,12 +93,9 @@ def _write(streamer: Any, token: int) -> Any:
     return streamer.write(token)
 
 
-# what a streamer may return to end generation early (``CANCEL`` also drops the chat turn)
-_STOPS = (
-    openvino_genai.StreamingStatus.STOP,
-    openvino_genai.StreamingStatus.TOOL_CALL_STOP,
-    True,
-)
+# what a streamer may return to end generation early (``CANCEL`` also drops the chat turn;
+# ``TOOL_CALL_STOP``, a parser's, ends it with the finish reason "tool_call", as genai's)
+_STOPS = (openvino_genai.StreamingStatus.STOP, True)
 
 
 class TokenOutput:
@@ -142,6 +139,8 @@ class TokenOutput:
             self.streamed += 1
             if status == openvino_genai.StreamingStatus.CANCEL:
                 self.halted = "cancelled"
+            elif status == openvino_genai.StreamingStatus.TOOL_CALL_STOP:
+                self.halted = "tool_call"
             elif status in _STOPS:
                 self.halted = "stop"
         return self.halted

@@ -52,6 +52,16 @@ def untruncated_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer | None:
         cuts = length_cuts(model)
         if not cuts:
             return None
+        # the special ids genai reads from the directory's config files: kept in the rebuilt
+        # tokenizer's own rt_info, where genai also looks for them
+        original = openvino_genai.Tokenizer(str(model_dir))
+        for key, value in (
+            ("eos_token_id", original.get_eos_token_id()),
+            ("bos_token_id", original.get_bos_token_id()),
+            ("pad_token_id", original.get_pad_token_id()),
+        ):
+            if value >= 0:
+                model.set_rt_info(int(value), key)
         for node in cuts:
             dtype = np.asarray(node.input(1).get_source_output().get_node().get_data()).dtype
             shape = node.input(1).get_partial_shape().to_shape()

@@ -10,7 +10,7 @@ from typing import Any
 
 from .protocol import Job
 
-FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_call": "tool_calls"}
 
 
 def new_id(job: Job) -> str:

@@ -266,7 +266,7 @@ class PagedRunner(Runner):
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
         if ids.size == 0:
-            raise ValueError("prompt is empty: at least one token is needed")
+            raise UsageError("prompt is empty: at least one token is needed")
         if ids.size > self.max_prompt_len:
             raise CapacityError.prompt(ids.size, self.max_prompt_len)
         with self._writing():

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import UsageError
+
 
 @dataclass(frozen=True)
 class PromptPlan:
@@ -36,7 +38,7 @@ class PromptPlan:
 
     def __post_init__(self) -> None:
         if self.num_tokens < 1:
-            raise ValueError("prompt is empty: at least one token is needed")
+            raise UsageError("prompt is empty: at least one token is needed")
         if self.first_slot is None and self.cached:
             raise ValueError("cached tokens need the first_slot they were written from")
         if not 0 <= self.cached < self.num_tokens:
