@@ -97,3 +97,14 @@ def test_committed_figures_are_what_the_script_draws(scenario, tmp_path):
     assert labels(out.read_text()) == labels(committed), (
         f"docs/{FIGURES[scenario]} is stale: run python scripts/draw_kv_buffer.py"
     )
+
+
+def test_the_readme_is_a_user_guide():
+    """At most 200 lines, and current facts only: no dates or commit hashes (run history goes
+    to docs/measurements.md)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text), "a date in the README"
+    hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", w)
+              and re.search(r"[a-f]", w)]  # fmt: skip
+    assert not hashes, f"commit hashes in the README: {hashes}"
