@@ -34,7 +34,7 @@ def load_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer:
         raise ModelLoadError(
             f"cannot load the tokenizer IRs in {model_dir} ({last_line(exc)})"
         ) from exc
-    whole = untruncated_tokenizer(model_dir)
+    whole = untruncated_tokenizer(model_dir, tokenizer)
     return tokenizer if whole is None else whole
 
 

@@ -30,14 +30,6 @@ class MeanStdPair:
         yield self.std
 
 
-def mean_std(values_us: Sequence[float]) -> MeanStdPair:
-    """Mean and (population) std in ms of microsecond values; (-1, -1) when empty, as genai."""
-    if not values_us:
-        return MeanStdPair(-1.0, -1.0)
-    values = np.asarray(values_us, np.float64) / 1000.0
-    return MeanStdPair(float(values.mean()), float(values.std()))
-
-
 @dataclass
 class SummaryStats:
     """genai's ``SummaryStats``: mean, std, min and max in ms (-1 each when empty)."""
@@ -49,12 +41,20 @@ class SummaryStats:
 
 
 def summary(values_us: Sequence[float]) -> SummaryStats:
+    """Mean, (population) std, min and max in ms of microsecond values; -1 each when empty,
+    as genai."""
     if not values_us:
         return SummaryStats(-1.0, -1.0, -1.0, -1.0)
     values = np.asarray(values_us, np.float64) / 1000.0
     return SummaryStats(
         float(values.mean()), float(values.std()), float(values.min()), float(values.max())
     )
+
+
+def mean_std(values_us: Sequence[float]) -> MeanStdPair:
+    """:func:`summary`'s mean and std."""
+    stats = summary(values_us)
+    return MeanStdPair(stats.mean, stats.std)
 
 
 @dataclass
@@ -93,13 +93,14 @@ class PerfMetrics:
         load_time: float = 0.0,
         num_generated_tokens: int = 0,
         num_input_tokens: int = 0,
+        grammar_compiler_init_times: dict[str, float] | None = None,
     ) -> None:
         self.raw_metrics = raw_metrics or RawPerfMetrics()
         self.load_time = load_time  # ms
         self.num_generated_tokens = num_generated_tokens
         self.num_input_tokens = num_input_tokens
         # µs each grammar backend took to set up for the tokenizer (calls with structured output)
-        self.grammar_compiler_init_times: dict[str, float] = {}
+        self.grammar_compiler_init_times = dict(grammar_compiler_init_times or {})
 
     def get_load_time(self) -> float:
         return self.load_time
@@ -156,17 +157,13 @@ class PerfMetrics:
         """The combined calls, as a plain :class:`PerfMetrics` (subclasses add their parts)."""
         if other.load_time != self.load_time:  # genai's check: one pipeline's calls only
             raise UsageError("generation metrics can be accumulated only for the same pipeline")
-        out = PerfMetrics(
+        return PerfMetrics(
             self.raw_metrics + other.raw_metrics,
             self.load_time,
             self.num_generated_tokens + other.num_generated_tokens,
             self.num_input_tokens + other.num_input_tokens,
+            {**self.grammar_compiler_init_times, **other.grammar_compiler_init_times},
         )
-        out.grammar_compiler_init_times = {
-            **self.grammar_compiler_init_times,
-            **other.grammar_compiler_init_times,
-        }
-        return out
 
     def __add__(self, other: PerfMetrics) -> PerfMetrics:
         if not isinstance(other, PerfMetrics):
@@ -301,9 +298,7 @@ class CallTimer:
     def metrics(self) -> PerfMetrics:
         self.raw.generate_durations.append(now_us() - self.start)
         self.raw.inference_durations.append(float(sum(self.raw.token_infer_durations)))
-        metrics = PerfMetrics(self.raw, self.load_time, self.generated, self.inputs)
-        metrics.grammar_compiler_init_times = dict(self.grammar_init)
-        return metrics
+        return PerfMetrics(self.raw, self.load_time, self.generated, self.inputs, self.grammar_init)
 
 
 def _generated(result: GenerationResult) -> int:

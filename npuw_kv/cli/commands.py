@@ -79,8 +79,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _model_id(model: str | None) -> str:
     """The name clients use for the model: the shipped model's, or the file's / folder's."""
+    from ..model.source import DEFAULT_MODEL
+
     if not model:
-        return "smollm2"
+        return DEFAULT_MODEL
     path = Path(model)
     return path.stem if path.suffix.lower() == ".gguf" else (path.name or str(model))
 

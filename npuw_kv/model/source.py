@@ -196,15 +196,20 @@ def trained_context(ir_dir: Path) -> tuple[int, str] | None:
 _WIDE_ACTIVATIONS = ("gemma",)
 
 
+def _model_type(model_dir: Path) -> str:
+    """The ``model_type`` the model's ``config.json`` names (its ``text_config``'s for a
+    multimodal export); "" without one."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return ""
+    config = read_json(path)
+    return str((config.get("text_config") or config).get("model_type") or "")
+
+
 def wide_activations(model_dir: Path) -> bool:
     """Whether the model's ``config.json`` names an architecture whose activations between
     layers exceed f16 (:data:`_WIDE_ACTIVATIONS`)."""
-    path = model_dir / "config.json"
-    if not path.is_file():
-        return False
-    config = read_json(path)
-    kind = str((config.get("text_config") or config).get("model_type") or "")
-    return kind.startswith(_WIDE_ACTIVATIONS)
+    return _model_type(model_dir).startswith(_WIDE_ACTIVATIONS)
 
 
 # architectures NPUW's online partitioner runs wrongly in npuw-kv's static models: GPT-NeoX
@@ -216,11 +221,7 @@ _UNPARTITIONED = ("gpt_neox",)
 def npuw_unpartitioned(model_dir: Path) -> str | None:
     """The model family, when NPUW must run this model unpartitioned (:data:`_UNPARTITIONED`);
     else None."""
-    path = model_dir / "config.json"
-    if not path.is_file():
-        return None
-    config = read_json(path)
-    kind = str((config.get("text_config") or config).get("model_type") or "")
+    kind = _model_type(model_dir)
     return kind if kind in _UNPARTITIONED else None
 
 

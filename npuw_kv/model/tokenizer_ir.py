@@ -39,9 +39,12 @@ def length_cuts(model: ov.Model) -> list[ov.Node]:
     return cuts
 
 
-def untruncated_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer | None:
-    """openvino-genai's tokenizer of ``model_dir`` with its length cut lifted (None: the
-    graph has no cut we know, or it could not be rebuilt, which is warned about)."""
+def untruncated_tokenizer(
+    model_dir: Path, original: openvino_genai.Tokenizer
+) -> openvino_genai.Tokenizer | None:
+    """openvino-genai's tokenizer of ``model_dir`` (``original``, loaded from it) with its
+    length cut lifted (None: the graph has no cut we know, or it could not be rebuilt, which
+    is warned about)."""
     xml, detok = model_dir / "openvino_tokenizer.xml", model_dir / "openvino_detokenizer.xml"
     if not xml.is_file() or not detok.is_file():
         return None
@@ -54,7 +57,6 @@ def untruncated_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer | None:
             return None
         # the special ids genai reads from the directory's config files: kept in the rebuilt
         # tokenizer's own rt_info, where genai also looks for them
-        original = openvino_genai.Tokenizer(str(model_dir))
         for key, value in (
             ("eos_token_id", original.get_eos_token_id()),
             ("bos_token_id", original.get_bos_token_id()),

@@ -19,7 +19,7 @@ from typing import Any
 
 import openvino_genai
 
-from ..errors import CapacityError, UsageError
+from ..errors import CapacityError
 from .protocol import ApiError, Job
 
 Event = tuple[Any, ...]  # ("text", answer, text) | ("done", results) | ("error", ApiError)
@@ -80,7 +80,7 @@ def api_error(exc: BaseException, job: Job) -> ApiError:
             message += " (npuw-kv serve --max-prompt-len)"
         return ApiError(400, message, "messages" if job.chat else "prompt",
                         code="context_length_exceeded")  # fmt: skip
-    if isinstance(exc, (UsageError, ValueError, ModuleNotFoundError)):
+    if isinstance(exc, (ValueError, ModuleNotFoundError)):  # UsageError is a ValueError
         return ApiError(400, message)
     return ApiError(500, f"{type(exc).__name__}: {message}", kind="server_error")
 

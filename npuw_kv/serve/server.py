@@ -50,6 +50,8 @@ def serve(
     access_log: bool = False,
 ) -> int:
     """Serve ``pipe`` until stopped; the exit code (0 after a stop signal)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("npuw-kv serve runs on the main thread (it handles stop signals)")
     app = make_app(pipe, model_id, live, queue, api_key)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -72,7 +74,5 @@ def serve(
     server = _Server(config)
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     server.url = f"http://{shown}:{bound}/v1"
-    if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("npuw-kv serve runs on the main thread (it handles stop signals)")
     server.run(sockets=[sock])
     return 0
