@@ -127,6 +127,11 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
             f"scheduler_config must be an openvino_genai.SchedulerConfig, got {scheduler!r}"
         )
     base = user = PipelineConfig.from_kwargs(device, **settings)
+    if base.attention_backend == "auto" and base.device == "CPU" and not base.paged:
+        # a scheduler means PagedAttention; a KV precision its kernel cannot store with the
+        # compute precision is then refused when compiling, naming both settings
+        settings = {**settings, "attention_backend": "pa"}
+        base = user = PipelineConfig.from_kwargs(device, **settings)
     if not base.paged:
         raise UsageError(
             "scheduler_config means the paged path: use device CPU with attention_backend='pa' "
@@ -162,7 +167,7 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
             )
         mapped["prefix_cache_tokens"] = ("num_kv_blocks", room)
     given = {PipelineConfig.setting_name(key): key for key in settings}
-    out = dict(settings)
+    out = dict(settings)  # with attention_backend='pa' when it was auto
     for name, (source, value) in mapped.items():
         if name in given and getattr(user, name) != value:
             raise UsageError(
