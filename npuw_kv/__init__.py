@@ -47,6 +47,8 @@ GENAI_TYPES = (
     "get_version",
 )
 __all__ = [
+    "Adapter",
+    "AdapterConfig",
     "CapacityError",
     "CompileError",
     *GENAI_TYPES,
@@ -105,9 +107,8 @@ def __getattr__(name: str) -> Any:
         import openvino_genai
 
         return getattr(openvino_genai, name)
-    if name in ("Adapter", "AdapterConfig"):
-        raise AttributeError(
-            f"npuw_kv has no {name}: LoRA adapters are not supported yet (merge the adapter into "
-            "the model's weights)"
-        )
+    if name in ("Adapter", "AdapterConfig"):  # LoRA (npuw_kv/api/adapters.py)
+        from .api import adapters
+
+        return getattr(adapters, name)
     raise AttributeError(f"module 'npuw_kv' has no attribute {name!r}")

@@ -197,6 +197,7 @@ class ContinuousBatchingPipeline:
         ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
         pipe = self.pipeline
         config = pipe._call_config(generation_config, {})
+        alphas = pipe._alphas(config)  # LoRA: an adapter not registered is refused here
         if isinstance(prompt, ov.Tensor):
             ids = np.asarray(prompt.data, np.int64).reshape(-1)
         elif isinstance(prompt, str):
@@ -219,7 +220,12 @@ class ContinuousBatchingPipeline:
         ]
         # when the batch starts, its pools are sized for as many requests of this one's size
         # as may run at once
-        self.session.add(sequences, handle._ticket, at_once=self.session.engine.max_num_seqs)
+        self.session.add(
+            sequences,
+            handle._ticket,
+            at_once=self.session.engine.max_num_seqs,
+            mode=alphas,
+        )
         handle._seqs = [_Sequence(h) for h in handle._ticket.handles]
         return handle
 

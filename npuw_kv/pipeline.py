@@ -44,6 +44,7 @@ from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
 from .generation.session import REENTERED, BatchSession, SequenceRequest, Ticket, requests
 from .model.source import read_ir, trained_context
+from .runtime.adapters import Alphas, LoraSwitch, no_adapters
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .runtime.paged.runner import PagedRunner
@@ -99,13 +100,25 @@ class LLMPipeline:
             self.tokenizer = (
                 load_tokenizer(model_dir) if given.tokenizer is None else given.tokenizer
             )
-            built = build_runner(self.core, model_dir, ir, self.config, kv_capacity, settings)
+            adapters = given.adapters.get_adapters() if given.adapters else []
+            built = build_runner(
+                self.core, model_dir, ir, self.config, kv_capacity, settings, adapters
+            )
             del ir  # the device holds its own copy of the graph now
         self.runner: Runner = built.runner
         self._encoder = PromptEncoder(self.tokenizer)
         self.config, self.vocab_size, self.layout = built.config, built.vocab_size, built.layout
         self._assisted = speculative.Assisted.build(plan, self, settings)
-        self.generation_config = GenerationConfig(eos_token_id=self.tokenizer.get_eos_token_id())
+        # LoRA: the adapters registered here, a call choosing among them (runtime/adapters.py)
+        self._lora = (
+            LoraSwitch(built.lora, built.requests, given.adapters)
+            if built.lora is not None and given.adapters is not None
+            else None
+        )
+        self.generation_config = GenerationConfig(
+            eos_token_id=self.tokenizer.get_eos_token_id(),
+            adapters=given.adapters if given.adapters else None,
+        )
         if given.generation_config is not None:
             self.set_generation_config(given.generation_config)
         self._history: list[dict[str, str]] | None = None
@@ -126,6 +139,8 @@ class LLMPipeline:
                 self.trained_context[0] if self.trained_context else None,
                 fit_pools=not self._kv_room_given,
                 split_fuse=self.config.split_fuse,
+                mode=self._lora.current if self._lora is not None else None,
+                switch=self._use_adapters,
             )
             if isinstance(self.runner, PagedRunner)
             else None
@@ -134,6 +149,21 @@ class LLMPipeline:
         # keeps the pages: give them back (-12 MB peak RSS on SmolLM2)
         release_free_heap()
         self.load_time = 1000.0 * (time.perf_counter() - started)  # ms, as genai's
+
+    def _alphas(self, config: GenerationConfig) -> Alphas | None:
+        """The LoRA alphas a call runs with (None: the pipeline has no adapters)."""
+        if self._lora is None:
+            no_adapters(config.adapters)
+            return None
+        return self._lora.alphas(config.adapters)
+
+    def _use_adapters(self, alphas: Alphas | None) -> None:
+        """Run with ``alphas`` from now on (nothing may be live): the KV cached under other
+        alphas is dropped."""
+        if self._lora is not None and alphas is not None and self._lora.set(alphas):
+            self.runner.forget_prefixes()
+            if self._session is not None:
+                self._session.mode = alphas
 
     def _alone(self) -> AbstractContextManager[None]:
         """The runner alone: the batch emptied and closed to new requests meanwhile."""
@@ -257,6 +287,7 @@ class LLMPipeline:
         with self._exclusive():
             timer = CallTimer(self.load_time)
             config = self._call_config(generation_config, kwargs)
+            alphas = self._alphas(config)  # an adapter not registered is refused first
             self._assisted.check(config)  # assisted-generation fields need prompt_lookup/draft
             request = read_inputs(inputs, self.vocab_size)
             check_request(request, config, streamer, self._history is not None)
@@ -268,13 +299,14 @@ class LLMPipeline:
             session = self._session if self._batchable(config) else None
             if session is None:
                 with self._alone():  # other threads' batched calls end first
+                    self._use_adapters(alphas)
                     results = self._run_alone(
                         request.prompts, config, streamer, chat, timer, detokenizer
                     )
             else:
                 sequences = self._sequences(request.prompts, config, streamer, chat, timer)
                 if chat:  # the history is this call's until its answer is in it
-                    ticket = session.add(sequences)
+                    ticket = session.add(sequences, mode=alphas)
                     results = self._batch_results(session, ticket, timer, detokenizer)
             if chat and self._history is not None and results[0].finish_reason != "cancelled":
                 self._history += [
@@ -282,7 +314,7 @@ class LLMPipeline:
                     {"role": "assistant", "content": results[0].text},
                 ]
         if session is not None and not chat:  # joins between two steps, with other threads
-            ticket = session.add(sequences)
+            ticket = session.add(sequences, mode=alphas)
             results = self._batch_results(session, ticket, timer, detokenizer)
         metrics = timer.metrics()
         extended = self._assisted.extended_metrics(metrics)  # a draft model's, as genai

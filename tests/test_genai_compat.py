@@ -23,6 +23,7 @@ from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
 from npuw_kv import GenerationConfig, LLMPipeline
 from npuw_kv.api.generation_result import GenerationResult
 from npuw_kv.api.perf_metrics import PerfMetrics
+from npuw_kv.api.pipeline_args import pipeline_args, scheduler_settings
 from npuw_kv.api.results import DecodedResults, EncodedResults, TextResult
 from npuw_kv.config.settings import EXACT_F32
 
@@ -250,10 +251,12 @@ def test_bad_constructor_arguments_are_refused(smol_dir):
         LLMPipeline(smol_dir, "CPU", "f32")
 
 
-def test_lora_adapters_at_construction_are_refused_by_name(smol_dir):
-    # genai registers LoRA adapters in the constructor; we refuse them before compiling
-    with pytest.raises(ValueError, match="adapters: LoRA adapters are not supported"):
-        LLMPipeline(smol_dir, "CPU", adapters=openvino_genai.AdapterConfig())
+def test_genais_empty_adapter_config_means_no_adapter(smol_dir):
+    # genai's own AdapterConfig cannot be read (tests/test_lora.py), but an empty one needs
+    # nothing read: the base model, at construction and per call
+    given = pipeline_args(smol_dir, ("CPU",), {"adapters": openvino_genai.AdapterConfig()})
+    assert given.adapters is not None and not given.adapters
+    assert not GenerationConfig(adapters=openvino_genai.AdapterConfig()).adapters
 
 
 class _StopAfter(openvino_genai.IncrementalParser):
@@ -435,3 +438,13 @@ def test_empty_token_ids_raise_what_genai_raises(smol_dir, path):
     with pytest.raises(RuntimeError, match="prompt is empty"):
         pipe.generate(empty, max_new_tokens=2)
     assert pipe.generate("Hi", max_new_tokens=2).tokens
+
+
+def test_a_scheduler_config_under_auto_means_the_paged_path():
+    """Even with a KV precision that alone would pick the static path (genai runs its paged
+    pipeline for any SchedulerConfig)."""
+    scheduler = openvino_genai.SchedulerConfig()
+    settings = scheduler_settings(scheduler, "CPU", {"KV_CACHE_PRECISION": "f32"})
+    assert settings["attention_backend"] == "pa"
+    with pytest.raises(ValueError, match="scheduler_config means the paged path"):
+        scheduler_settings(openvino_genai.SchedulerConfig(), "NPU", {})

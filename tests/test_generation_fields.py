@@ -104,7 +104,6 @@ def test_round_trip_of_every_field_through_genai():
     [
         ("tree_depth", 2, "tree search"),
         ("branching_factor", 2, "tree search"),
-        ("adapters", openvino_genai.AdapterConfig(), "LoRA"),
         ("parsers", [openvino_genai.Llama3JsonToolParser()], "parsers"),
         ("return_omni_outputs", True, "omni"),
         ("pruning_ratio", 30, "CDPruner"),

@@ -20,6 +20,7 @@ SCRIPTS = ROOT / "scripts"
 SMOKED = {
     "bench_blocks.py",
     "bench_host_tier.py",
+    "bench_lora.py",
     "bench_prefix_reuse.py",
     "bench_serve.py",
     "demo_documents.py",
@@ -54,6 +55,12 @@ def test_every_script_is_smoked() -> None:
 def test_bench_blocks() -> None:
     out = script("bench_blocks.py", "--quick")
     assert "hit rate" in out
+
+
+def test_bench_lora() -> None:
+    out = script("bench_lora.py", "--new-tokens", "4", "--repeats", "1", "--rank", "2")
+    for line in ("base ", "alpha 1 ", "alpha 0 ", "switch "):
+        assert line in out, out
 
 
 def test_bench_serve() -> None:

@@ -14,18 +14,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from .adapters import adapter_config
 
 SIZE_MAX = 2**64 - 1  # genai's "unset" for its size_t fields
 _UNSET_IS_SIZE_MAX = ("max_new_tokens", "max_length", "no_repeat_ngram_size")
 
 _TREE = "tree search (EAGLE speculative decoding) is not implemented"
-# genai registers adapters at construction too (npuw_kv.api.inputs refuses them there with this)
-ADAPTERS_REFUSED = "LoRA adapters are not supported: merge the adapter into the model"
 # field -> (its default, why a non-default value is refused)
 _REFUSED: dict[str, tuple[Any, str]] = {
     "tree_depth": (0, _TREE),
     "branching_factor": (1, _TREE),
-    "adapters": (None, ADAPTERS_REFUSED),
     "parsers": ([], "output parsers are not supported: run the parser on the result's text"),
     "return_omni_outputs": (False, "omni (speech) outputs need openvino_genai's omni pipeline"),
     "pruning_ratio": (0, "CDPruner visual-token pruning is for vision-language pipelines"),
@@ -144,6 +142,7 @@ class GenerationConfig:
             self.stop_token_ids.add(self.eos_token_id)
         self.stop_criteria = _criteria_name(self.stop_criteria)
         self.parsers = list(self.parsers or [])  # sets and lists are copies: none shared
+        self.adapters = adapter_config(self.adapters)  # ours; genai's cannot be read
         for name, (default, why) in _REFUSED.items():
             value = getattr(self, name)
             if value != default:
@@ -275,8 +274,8 @@ class GenerationConfig:
                 value = -1
             elif f.name == "stop_criteria":
                 value = openvino_genai.StopCriteria.__members__[value.upper()]
-            elif f.name == "rng_seed" and value is None:
-                continue  # genai has no "unseeded": keep its default
+            elif f.name == "rng_seed" and value is None or f.name == "adapters" and not value:
+                continue  # genai has no "unseeded": keep its default; no adapters: its None
             try:
                 setattr(config, f.name, value)
             except TypeError as exc:

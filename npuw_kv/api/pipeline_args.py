@@ -20,7 +20,7 @@ import openvino_genai
 from ..config.pipeline_config import PipelineConfig
 from ..errors import UsageError
 from ..model.source import resolve_model
-from .generation_config import ADAPTERS_REFUSED
+from .adapters import AdapterConfig, adapter_config
 
 # tokens per block of the CPU plugin's PagedAttention cache (what num_kv_blocks counts)
 PAGED_BLOCK_TOKENS = 32
@@ -37,6 +37,7 @@ class PipelineArgs:
     weights: ov.Tensor | None = None  # set: ``model`` is the IR's XML text
     generation_config: Any = None
     scheduler_config: Any = None
+    adapters: AdapterConfig | None = None
 
 
 def pipeline_args(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> PipelineArgs:
@@ -79,9 +80,8 @@ def pipeline_args(model: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
         if key in props and props[key] is not value and props[key] != value:
             raise UsageError(f"{key} given twice, as {value!r} and {props[key]!r}")
         props[key] = value
-    if props.get("adapters") is not None:  # genai's LoRA, registered at construction
-        raise UsageError(f"adapters: {ADAPTERS_REFUSED}")
-    props.pop("adapters", None)
+    # genai's LoRA adapters, registered at construction (calls choose among them)
+    out.adapters = adapter_config(props.pop("adapters", None))
     out.scheduler_config = props.pop("scheduler_config", None)
     out.settings = props
     return out

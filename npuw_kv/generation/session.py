@@ -11,7 +11,7 @@ sequence only, and its call raises it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,9 +121,13 @@ class BatchSession:
         position_limit: int | None = None,
         fit_pools: bool = True,
         split_fuse: bool = True,
+        mode: Hashable = None,
+        switch: Callable[[Any], None] | None = None,
     ) -> None:
         """``fit_pools``: grow the KV pools to hold the sequences that run at once (False:
-        the user sized them; the engine preempts)."""
+        the user sized them; the engine preempts).  ``mode``: what the model computes with now
+        (the LoRA alphas); sequences of another mode wait until the batch is empty, then
+        ``switch(mode)`` sets it (nothing may be live)."""
         self.runner = runner
         self.engine = BatchEngine(runner, max_num_seqs, split_fuse=split_fuse)
         self.driver = BatchDriver(self.engine, tokenizer, position_limit)
@@ -134,6 +138,8 @@ class BatchSession:
         self._closed = 0  # calls that have the runner alone: new sequences wait for them
         self._owner: dict[int, Ticket] = {}
         self._sizes: dict[int, tuple[int, int]] = {}  # live handle -> (sequences, tokens)
+        self.mode = mode
+        self._switch = switch if switch is not None else _no_modes
 
     @property
     def busy(self) -> bool:
@@ -144,11 +150,13 @@ class BatchSession:
         requests: Sequence[SequenceRequest],
         ticket: Ticket | None = None,
         at_once: int | None = None,
+        mode: Hashable = None,
     ) -> Ticket:
         """Queue ``requests`` (all of them or, on an error such as a too-long prompt, none)
         for the next step; their ticket.  The pools grow to hold these and the live requests
         at once (``at_once`` sequences of the longest's size, when given), keeping the blocks
-        of the live ones."""
+        of the live ones.  ``mode``: the LoRA alphas the requests run with; while sequences of
+        other alphas run, this waits (stepping them) until they end."""
         ticket = ticket if ticket is not None else Ticket()
         for r in requests:
             if r.config.num_beams > self.engine.max_num_seqs:
@@ -157,35 +165,42 @@ class BatchSession:
                     f"once, at most max_num_seqs ({self.engine.max_num_seqs}) sequences; lower "
                     "num_beams or raise max_num_seqs (MAX_NUM_SEQS)"
                 )
-        with self._between_steps():
-            if not self.busy:
-                self.runner.release()  # a lone run's sequence: cached, not live
-            sizes = [(max(1, r.config.num_beams), self._tokens(r)) for r in requests]
-            if self.fit_pools and requests:
-                self._fit([*self._sizes.values(), *sizes], at_once)
-            try:
-                for r in requests:
-                    handle = (
-                        self.driver.add_beams(r.ids, r.config, ticket.times)
-                        if r.config.num_beams > 1
-                        else self.driver.add(
-                            r.ids,
-                            r.config,
-                            r.sample,
-                            r.constraint,
-                            r.streamer,
-                            r.held,
-                            ticket.times,
-                        )
+        while True:
+            with self._between_steps():
+                if mode == self.mode or not self.busy:
+                    if mode != self.mode:
+                        self._switch(mode)  # nothing is live: the model may change
+                        self.mode = mode
+                    self._enqueue(requests, ticket, at_once)
+                    return ticket
+            # sequences of other adapters run: step them (with the other callers) to their end
+            self._run_until(lambda: not self.busy or mode == self.mode)
+
+    def _enqueue(
+        self, requests: Sequence[SequenceRequest], ticket: Ticket, at_once: int | None
+    ) -> None:
+        """Add the requests to the engine (between two steps): all of them or none."""
+        if not self.busy:
+            self.runner.release()  # a lone run's sequence: cached, not live
+        sizes = [(max(1, r.config.num_beams), self._tokens(r)) for r in requests]
+        if self.fit_pools and requests:
+            self._fit([*self._sizes.values(), *sizes], at_once)
+        try:
+            for r in requests:
+                handle = (
+                    self.driver.add_beams(r.ids, r.config, ticket.times)
+                    if r.config.num_beams > 1
+                    else self.driver.add(
+                        r.ids, r.config, r.sample, r.constraint, r.streamer, r.held, ticket.times
                     )
-                    ticket.handles.append(handle)
-                    self._owner[handle] = ticket
-                    self._sizes[handle] = sizes[len(ticket.handles) - 1]
-            except BaseException:
-                for handle in ticket.handles:
-                    self._drop(handle)
-                raise
-        return ticket
+                )
+                ticket.handles.append(handle)
+                self._owner[handle] = ticket
+                self._sizes[handle] = sizes[len(ticket.handles) - 1]
+        except BaseException:
+            for handle in ticket.handles:
+                self._drop(handle)
+            raise
 
     def drop(self, handles: Sequence[int]) -> None:
         """End these sequences now (stopped or cancelled); their outcomes are not recorded."""
@@ -294,6 +309,10 @@ class BatchSession:
         count = sum(n for n, _ in sizes) if at_once is None else max(at_once, len(sizes))
         longest = max(tokens for _, tokens in sizes)
         self.runner.fit_batch(min(self.engine.max_num_seqs, count), longest)
+
+
+def _no_modes(mode: Any) -> None:
+    raise AssertionError(f"a batch session without modes asked for mode {mode!r}")
 
 
 def _interrupted() -> Exception:

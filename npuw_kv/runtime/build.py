@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from ..kv.blocks.shares import shares_setting
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
+from ..model.lora import Adapter, LoraGraph, apply_lora
 from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import declared_window, npuw_unpartitioned, read_ir, wide_activations
 from ..model.variants import prepare
@@ -47,6 +48,9 @@ class Built:
     decided: Decided[PipelineConfig]  # its every ``auto`` decided (config/decide.py)
     vocab_size: int
     layout: KVLayout | None  # the static-shape path's KV layout (None on PagedAttention)
+    lora: LoraGraph | None = None  # the LoRA adapters in the graph (model/lora.py)
+    # every compiled request of the main model (the LoRA alpha input is bound on them)
+    requests: tuple[ov.InferRequest, ...] = ()
 
 
 def build_runner(
@@ -56,16 +60,20 @@ def build_runner(
     config: PipelineConfig,
     kv_capacity: int,
     settings: Mapping[str, Any],
+    adapters: Sequence[Adapter] = (),
 ) -> Built:
     """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache.
 
-    ``settings``: what the user passed, named in error messages.
+    ``settings``: what the user passed, named in error messages.  ``adapters``: LoRA adapters
+    put into the graph after the backend's rewrites (they cut the LM head, which the adapters
+    then never see), switched by alpha at run time.
     """
     build = _Builder(core, config, settings)
     wide = wide_activations(model_dir)
     decided = decide(core, config, wide)  # every ``auto``, once
     if decided.paged:
         paged = make_paged(ir, config.full_prefill_logits)
+        lora = apply_lora(paged, adapters) if adapters else None
         windows = split_block_tables(paged, kv_capacity)
         try:
             request = build.compile(lambda: compile_paged(core, paged, decided))
@@ -118,7 +126,7 @@ def build_runner(
                 ),
             )
             vocab = _vocab(request.get_compiled_model().output("logits"))
-            return Built(paged_runner, config, decided, vocab, None)
+            return Built(paged_runner, config, decided, vocab, None, lora, (request,))
     if os.environ.get(SHARES_ENV, "").strip():
         warnings.warn(
             f"{SHARES_ENV} ignored: it applies to attention_backend='pa' (one block pool per "
@@ -135,6 +143,7 @@ def build_runner(
         declared_window(model_dir, kv_capacity),
         shapes,
     )
+    lora = apply_lora(prepared, adapters) if adapters else None
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
     unpartitioned = npuw_unpartitioned(model_dir)
@@ -153,8 +162,10 @@ def build_runner(
         ),
     )
     vocab = _vocab(requests.logits_output(layout.logits_output_index))
+    every = (requests.prefill, requests.generate)
+    every += tuple(v.request for v in (*requests.prefill_ladder, *requests.generate_ladder))
     # the layout is the generate models' (V transposed or not)
-    return Built(runner, config, decided, vocab, runner.layout)
+    return Built(runner, config, decided, vocab, runner.layout, lora, every)
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:

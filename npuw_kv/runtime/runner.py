@@ -71,6 +71,11 @@ class Runner(ABC):
         """Keep the KV of the next prompt's first ``tokens`` tokens (a chat's system prompt)
         cached longest; only the PagedAttention runner has priorities to do it with."""
 
+    @abstractmethod
+    def forget_prefixes(self) -> None:
+        """Drop every cached prefix and the last sequence's KV: the model computes other KV
+        from now on (another LoRA adapter applies)."""
+
     @property
     @abstractmethod
     def tokens_in_cache(self) -> int:

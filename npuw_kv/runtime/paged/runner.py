@@ -208,6 +208,14 @@ class PagedRunner(Runner):
         if self._seq in self.blocks.sequence_ids:
             self.blocks.remove_sequence(self._seq)
 
+    def forget_prefixes(self) -> None:
+        """An empty manager over the same pools (no sequence may be live)."""
+        self.release()
+        if self.blocks.sequence_ids:
+            raise AssertionError("cached prefixes dropped while sequences are live")
+        self.memory.blocks = self.memory.new_manager()
+        self.reused_tokens = self.finished_tokens = 0
+
     def fit_batch(self, sequences: int, tokens: int) -> bool:
         """Pools that hold ``sequences`` sequences of up to ``tokens`` tokens at once
         (:meth:`PagedPools.fit_batch`: allocated anew when no sequence is live, the cached

@@ -64,10 +64,17 @@ class HostPrefixCache:
             dtype=cache.dtype.name,
             max_tokens_per_call=slots,
         )
+        self._config = config
         self.blocks = KVBlockManager(config)
         self._window = next(iter(self.blocks.windows))
         self._seq = 0
         self.copied = counter
+
+    def forget(self) -> None:
+        """Drop every stored block (their KV no longer what the model computes: another
+        LoRA adapter applies)."""
+        self.blocks = KVBlockManager(self._config)
+        self._seq = 0
 
     @property
     def nbytes(self) -> int:

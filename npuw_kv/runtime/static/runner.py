@@ -150,6 +150,11 @@ class StaticRunner(Runner):
         """The ring slots of ``layer`` (0: it holds the whole past)."""
         return self.layout.ring_of(layer) or 0
 
+    def forget_prefixes(self) -> None:
+        self._cached = []
+        if self.prefix_store is not None:
+            self.prefix_store.forget()
+
     # -- state -------------------------------------------------------------------------------
     @property
     def tokens_in_cache(self) -> int:

@@ -1,0 +1,65 @@
+"""Read a ``.safetensors`` file (how PEFT saves LoRA adapters) into float32 numpy arrays.
+
+The format is an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
+shape and byte range, then the bytes.  Adapters are megabytes, so the file is read whole; no
+dependency is needed for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+_FLOATS = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every tensor of the file as float32, by name; ``ValueError`` naming the file and what
+    is wrong when it is missing, damaged or holds a non-float tensor."""
+    where = Path(path)
+    try:
+        data = where.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"LoRA adapter {str(where)!r} cannot be read: {exc.strerror}") from exc
+    if len(data) < 8:
+        raise ValueError(f"LoRA adapter {str(where)!r} is not a safetensors file (too short)")
+    size = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8 : 8 + size])
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except ValueError as exc:
+        raise ValueError(f"LoRA adapter {str(where)!r} is not a safetensors file ({exc})") from exc
+    body = memoryview(data)[8 + size :]
+    out: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _tensor(where, name, info, body)
+    return out
+
+
+def _tensor(where: Path, name: str, info: object, body: memoryview) -> np.ndarray:
+    def bad(why: str) -> ValueError:
+        return ValueError(f"LoRA adapter {str(where)!r}: tensor {name!r} {why}")
+
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise bad("has no dtype, shape and data_offsets in the header")
+    dtype, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+    if dtype not in (*_FLOATS, "BF16"):
+        raise bad(f"is {dtype}; LoRA matrices are F32, F16, BF16 or F64")
+    itemsize = 2 if dtype == "BF16" else np.dtype(_FLOATS[dtype]).itemsize
+    count = int(np.prod(shape, dtype=np.int64))
+    if not 0 <= begin <= end <= len(body) or end - begin != count * itemsize:
+        raise bad(
+            f"has bytes [{begin}, {end}) that do not hold its shape {shape} (file cut short?)"
+        )
+    raw = body[begin:end]
+    if dtype == "BF16":  # the upper half of a float32
+        values = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(raw, _FLOATS[dtype]).astype(np.float32)
+    return values.reshape(shape)
