@@ -92,8 +92,15 @@ def apply_lora(model: ov.Model, adapters: Sequence[Adapter]) -> LoraGraph:
                 )
             _check_shapes(adapter, layer, node, pair)
             by_node.setdefault(node.get_name(), (node, []))[1].append((index, layer, pair))
+    # projections of one input (q/k/v, gate/up) share their down-projection: one MatMul
+    groups: dict[tuple[str, int], list[tuple[ov.Node, list[tuple[int, str, LoraPair]]]]] = {}
     for node, parts in by_node.values():
-        _adapt(node, parts, alpha)
+        source = node.input_value(0)
+        groups.setdefault((source.get_node().get_name(), source.get_index()), []).append(
+            (node, parts)
+        )
+    for group in groups.values():
+        _adapt(group, alpha, len(adapters) == 1)
     model.add_parameters([alpha])
     layers = tuple(layer for _, parts in by_node.values() for _, layer, _ in parts)
     return LoraGraph(tuple(adapters), tuple(dict.fromkeys(layers)))
@@ -242,23 +249,39 @@ def _check_shapes(adapter: Adapter, layer: str, node: ov.Node, pair: LoraPair) -
         )
 
 
-def _adapt(node: ov.Node, parts: list[tuple[int, str, LoraPair]], alpha: ov.Node) -> None:
-    x = node.input_value(0)
+def _adapt(
+    group: list[tuple[ov.Node, list[tuple[int, str, LoraPair]]]], alpha: ov.Node, single: bool
+) -> None:
+    """``y += ((x @ A^T) * alpha_r) @ B^T`` for every MatMul of ``group`` (one input ``x``):
+    their ``A`` stacked so that ``x`` is multiplied once, the result split by rank after the
+    scale.  ``single``: one adapter registered, so every rank row's alpha is ``alpha[0]``."""
+    x = group[0][0].input_value(0)
     kind = x.get_element_type()
-    a = np.concatenate([pair.a for _, _, pair in parts], axis=0)
-    b = np.concatenate([pair.b for _, _, pair in parts], axis=1)
-    owner = np.concatenate([np.full(pair.rank, i, np.int32) for i, _, pair in parts])
-    scale = ops.gather(alpha, ops.constant(owner), ops.constant(np.int32(0)))
+    pairs = [[pair for _, _, pair in parts] for _, parts in group]
+    a = np.concatenate([pair.a for node_pairs in pairs for pair in node_pairs], axis=0)
+    ranks = [sum(pair.rank for pair in node_pairs) for node_pairs in pairs]
+    if single:
+        scale: ov.Node = alpha
+    else:
+        owner = [np.full(pair.rank, i, np.int32) for _, parts in group for i, _, pair in parts]
+        scale = ops.gather(alpha, ops.constant(np.concatenate(owner)), ops.constant(np.int32(0)))
     if kind != ov.Type.f32:
         scale = ops.convert(scale, kind)
-    down = ops.matmul(x, _constant(a, kind), False, True)
-    up = ops.matmul(ops.multiply(down, scale), _constant(b, kind), False, True)
-    y = node.output(0)
-    consumers = y.get_target_inputs()
-    total = ops.add(y, up)
-    for consumer in consumers:
-        consumer.replace_source_output(total.output(0))
-    total.set_friendly_name(f"{node.get_friendly_name()}/lora")
+    down = ops.multiply(ops.matmul(x, _constant(a, kind), False, True), scale)
+    if len(group) == 1:
+        parts_out = [down.output(0)]
+    else:
+        split = ops.variadic_split(down, ops.constant(np.int32(-1)), ops.constant(np.array(ranks)))
+        parts_out = list(split.outputs())
+    for (node, _), node_pairs, low in zip(group, pairs, parts_out, strict=True):
+        b = np.concatenate([pair.b for pair in node_pairs], axis=1)
+        up = ops.matmul(low, _constant(b, kind), False, True)
+        y = node.output(0)
+        consumers = y.get_target_inputs()
+        total = ops.add(y, up)
+        for consumer in consumers:
+            consumer.replace_source_output(total.output(0))
+        total.set_friendly_name(f"{node.get_friendly_name()}/lora")
 
 
 def _constant(values: np.ndarray, kind: ov.Type) -> ov.Node:
