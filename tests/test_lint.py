@@ -15,7 +15,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, capture_output=True, text=True)
 
 
-CODE = ("npuw_kv", "tests", "scripts", "models")
+CODE = ("npuw_kv", "tests", "scripts", "models", "compat")
 
 
 def test_ruff_clean():
