@@ -53,7 +53,8 @@ class _Sequence:
 
 def _output(result: GenerationResult) -> GenerationOutput:
     reason = finish_reason(result.finish_reason)
-    return GenerationOutput(list(result.tokens), list(result.logprobs), result.score, reason)
+    # as genai's, the ids end with the stop token that ended the answer
+    return GenerationOutput(result.genai_tokens, list(result.logprobs), result.score, reason)
 
 
 class GenerationHandle:
@@ -277,7 +278,7 @@ class ContinuousBatchingPipeline:
         for handle, prompt in zip(handles, prompts, strict=True):
             results = [s.result for s in handle._seqs if s.result is not None]
             ids: list[Any] = (
-                [list(r.tokens) for r in results]
+                [r.genai_tokens for r in results]
                 if isinstance(prompt, ov.Tensor)
                 else [r.text for r in results]
             )

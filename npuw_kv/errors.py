@@ -33,11 +33,27 @@ class CompileError(UsageError):
 class NumericError(UsageError):
     """The model gave NaN or +inf logits: an activation overflowed its precision."""
 
-    def __init__(self) -> None:
+    def __init__(self, message: str | None = None) -> None:
         super().__init__(
-            "the model gave NaN or +inf logits: an activation overflowed its precision; on NPU "
-            "set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs), or compute in f32 "
+            message
+            or "the model gave NaN or +inf logits: an activation overflowed its precision; on "
+            "NPU set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs), or compute in f32 "
             "with INFERENCE_PRECISION_HINT=f32"
+        )
+
+    @classmethod
+    def with_remedies(cls, remedies: list[str]) -> NumericError:
+        """The error naming the settings that would keep every value in a wider precision;
+        none left (all f32 already): no setting removes it, and it says so."""
+        if not remedies:
+            return cls(
+                "the model gave NaN or +inf logits with f32 compute, f32 KV and f32 between "
+                "sub-graphs: no precision setting removes it (look at the model's weights or "
+                "its conversion)"
+            )
+        return cls(
+            "the model gave NaN or +inf logits: an activation overflowed its precision; "
+            + "; or ".join(remedies)
         )
 
 

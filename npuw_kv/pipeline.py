@@ -24,6 +24,7 @@ import openvino_genai
 
 from .api.chat_history import fit_history
 from .api.chat_prefix import system_prompt_tokens
+from .api.chat_turns import check_turn_kind, token_turn
 from .api.encoding import PromptEncoder, check_text, load_tokenizer
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
@@ -38,7 +39,7 @@ from .api.pipeline_args import (
 from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
-from .errors import UsageError
+from .errors import NumericError, UsageError
 from .generation import speculative
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
@@ -108,6 +109,7 @@ class LLMPipeline:
         self.runner: Runner = built.runner
         self._encoder = PromptEncoder(self.tokenizer)
         self.config, self.vocab_size, self.layout = built.config, built.vocab_size, built.layout
+        self._decided = built.decided  # what NaN logits are blamed on (_numeric_error)
         self._assisted = speculative.Assisted.build(plan, self, settings)
         # LoRA: the adapters registered here, a call choosing among them (runtime/adapters.py)
         self._lora = (
@@ -122,6 +124,9 @@ class LLMPipeline:
         if given.generation_config is not None:
             self.set_generation_config(given.generation_config)
         self._history: list[dict[str, str]] | None = None
+        # a chat of token-id turns: every turn's ids and answer so far (genai's stateful chat
+        # with encoded inputs, where each turn gives only the tokens after the last answer)
+        self._chat_ids: list[int] = []
         # the user sized the paged KV room: batches are preempted in it rather than grow it
         self._kv_room_given = "prefix_cache_tokens" in {
             PipelineConfig.setting_name(key) for key in settings if key != "compile_properties"
@@ -204,10 +209,12 @@ class LLMPipeline:
             self._history = (
                 [{"role": "system", "content": system_message}] if system_message else []
             )
+            self._chat_ids = []
 
     def finish_chat(self) -> None:
         with self._exclusive():
             self._history = None
+            self._chat_ids = []
 
     def fit_chat_history(self, prompt: str) -> int:
         """Make room for ``prompt`` as the next user turn: when the chat would outgrow
@@ -284,6 +291,14 @@ class LLMPipeline:
         streamer cancelled the turn, as in openvino-genai).  A ``ChatHistory`` is used as it is
         and, as in genai, not changed.
         """
+        try:
+            return self._generate(inputs, generation_config, streamer, kwargs)
+        except NumericError as exc:  # named with the settings that would remove it
+            raise self._numeric_error() from exc
+
+    def _generate(
+        self, inputs: Any, generation_config: Any, streamer: Streamer | None, kwargs: dict[str, Any]
+    ) -> TextResult | DecodedResults | EncodedResults | GenerationResult:
         with self._exclusive():
             timer = CallTimer(self.load_time)
             config = self._call_config(generation_config, kwargs)
@@ -295,6 +310,10 @@ class LLMPipeline:
             if parsing is not None:  # as genai: its parsers and message start afresh every call
                 parsing.reset()
             chat = self._history is not None and request.kind in ("text", "texts")
+            ids_turn = self._history is not None and request.kind in ("ids", "encoded")
+            check_turn_kind(self._history, self._chat_ids, chat, ids_turn)
+            if ids_turn:  # the turn's ids continue the chat's
+                request = token_turn(request, self._chat_ids)
             detokenizer = None if request.kind in ("ids", "encoded") else self.tokenizer
             session = self._session if self._batchable(config) else None
             if session is None:
@@ -305,20 +324,41 @@ class LLMPipeline:
                     )
             else:
                 sequences = self._sequences(request.prompts, config, streamer, chat, timer)
-                if chat:  # the history is this call's until its answer is in it
+                if chat or ids_turn:  # the history is this call's until its answer is in it
                     ticket = session.add(sequences, mode=alphas)
                     results = self._batch_results(session, ticket, timer, detokenizer)
-            if chat and self._history is not None and results[0].finish_reason != "cancelled":
-                self._history += [
-                    {"role": "user", "content": str(request.prompts[0].text)},
-                    {"role": "assistant", "content": results[0].text},
-                ]
-        if session is not None and not chat:  # joins between two steps, with other threads
+            if chat or ids_turn:
+                self._record_turn(request.prompts[0], results[0], ids_turn)
+        if session is not None and not (chat or ids_turn):  # joins between two steps
             ticket = session.add(sequences, mode=alphas)
             results = self._batch_results(session, ticket, timer, detokenizer)
         metrics = timer.metrics()
         extended = self._assisted.extended_metrics(metrics)  # a draft model's, as genai
         return shape_results(request.kind, results, metrics, extended, parsing)
+
+    def _numeric_error(self) -> NumericError:
+        """NaN / +inf logits, naming only the settings that would keep the values wider."""
+        decided, remedies = self._decided, []
+        if decided.npuw_f16:
+            remedies.append("set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs)")
+        if decided.compute_precision != "f32":
+            remedies.append("compute in f32 with INFERENCE_PRECISION_HINT=f32")
+        if decided.kv_precision not in ("f32", None):
+            remedies.append("store KV in f32 with kv_precision='f32'")
+        return NumericError.with_remedies(remedies)
+
+    def _record_turn(self, prompt: Prompt, answer: GenerationResult, ids_turn: bool) -> None:
+        """The chat's history gets the turn and its answer (not a cancelled one, as genai)."""
+        if answer.finish_reason == "cancelled" or self._history is None:
+            return
+        if ids_turn:  # as genai, with the stop token (the next turn's ids follow it)
+            assert prompt.ids is not None
+            self._chat_ids = [*map(int, prompt.ids), *map(int, answer.genai_tokens)]
+        else:
+            self._history += [
+                {"role": "user", "content": str(prompt.text)},
+                {"role": "assistant", "content": answer.text},
+            ]
 
     def _batchable(self, config: GenerationConfig) -> bool:
         """Whether this call's sequences run in the paged path's shared batch (joining other

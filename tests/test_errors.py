@@ -149,3 +149,26 @@ def test_a_damaged_source_info_names_the_file(smol_dir, tmp_path, text, message)
     with pytest.raises(ModelLoadError, match=message) as caught:
         LLMPipeline(entry, "CPU")
     assert SOURCE_INFO in str(caught.value)
+
+
+def test_nan_logits_name_only_the_settings_that_would_remove_them(smol_dir, monkeypatch):
+    """At exact f32 (compute, KV, no NPUW) no precision setting is left to name; with a
+    narrower precision decided, exactly those settings are named."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from npuw_kv.errors import NumericError
+
+    pipe = make_pipe(smol_dir, "CPU", attention_backend="sdpa")  # exact f32, f32 KV
+    nan = np.full(pipe.vocab_size, np.nan, np.float32)
+    monkeypatch.setattr(pipe.runner, "prefill", lambda ids, on_chunk=None: nan)
+    with pytest.raises(NumericError, match="no precision setting removes it") as caught:
+        pipe.generate([1, 2, 3], max_new_tokens=2)
+    assert "NPUW_F16IC" not in str(caught.value)
+    narrow = replace(pipe._decided, compute_precision="bf16", kv_precision="u8", npuw_f16=True)
+    monkeypatch.setattr(pipe, "_decided", narrow)
+    with pytest.raises(NumericError) as caught:
+        pipe.generate([1, 2, 3], max_new_tokens=2)
+    for setting in ("NPUW_F16IC=NO", "INFERENCE_PRECISION_HINT=f32", "kv_precision='f32'"):
+        assert setting in str(caught.value)

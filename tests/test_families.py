@@ -119,3 +119,21 @@ def test_a_small_model_runs_on_npu_at_its_defaults(tmp_path):
     explicit = LLMPipeline(model, "NPU", NPUW_ONLINE_PIPELINE="NONE", NPUW_FOLD="NO")
     assert got == explicit.generate(ids, max_new_tokens=8, ignore_eos=True).tokens
     assert len(got) == 8
+
+
+def test_a_graph_npuw_kv_cannot_take_is_refused_naming_the_family(smol_dir, tmp_path):
+    """A model exported without its KV cache (``--task text-generation``): refused at load with
+    the rewrite that failed and the family its config.json names."""
+    import json
+    import shutil
+
+    for f in smol_dir.glob("openvino_*tokenizer*"):
+        shutil.copy(f, tmp_path / f.name)
+    ids = ops.parameter([1, -1], np.int64, name="input_ids")
+    logits = ops.result(ops.convert(ids, np.float32))
+    logits.output(0).set_names({"logits"})
+    ov.save_model(ov.Model([logits], [ids]), tmp_path / "openvino_model.xml")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "granite"}))
+    for backend in ("pa", "sdpa"):
+        with pytest.raises(ModelLayoutError, match="^a granite model: "):
+            LLMPipeline(tmp_path, "CPU", attention_backend=backend)

@@ -20,6 +20,7 @@ import openvino_genai
 import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE, make_pipe
 
+import npuw_kv
 from npuw_kv import GenerationConfig, LLMPipeline
 from npuw_kv.api.generation_result import GenerationResult
 from npuw_kv.api.perf_metrics import PerfMetrics
@@ -448,3 +449,83 @@ def test_a_scheduler_config_under_auto_means_the_paged_path():
     assert settings["attention_backend"] == "pa"
     with pytest.raises(ValueError, match="scheduler_config means the paged path"):
         scheduler_settings(openvino_genai.SchedulerConfig(), "NPU", {})
+
+
+TURNS = ("What is 2+2?", "And times three?", "Say it in French.")
+
+
+def _token_chat(pipe, tokenizer) -> list[list[int]]:
+    """genai's chat with encoded inputs: each turn passes the tokens after the last answer."""
+    history: list[dict[str, str]] = []
+    answers, seen = [], 0
+    pipe.start_chat()
+    try:
+        for question in TURNS:
+            history.append({"role": "user", "content": question})
+            text = tokenizer.apply_chat_template(history, add_generation_prompt=True)
+            ids = tokenizer.encode(text, add_special_tokens=False).input_ids.data[0]
+            new = ids[None, seen:].copy()
+            turn = openvino_genai.TokenizedInputs(ov.Tensor(new), ov.Tensor(np.ones_like(new)))
+            result = pipe.generate(turn, max_new_tokens=12)
+            tokens = [int(t) for t in result.tokens[0]]
+            answers.append(tokens)
+            history.append({"role": "assistant", "content": tokenizer.decode(tokens)})
+            seen = ids.size + len(tokens)
+    finally:
+        pipe.finish_chat()
+    return answers
+
+
+@pytest.mark.parametrize("backend", ["pa", "sdpa"])
+def test_a_chat_of_token_id_turns_continues_as_genais_stateful_chat(smol_dir, backend):
+    """Each turn's ids continue the chat's (the earlier turns' ids and answers), as genai's
+    stateful pipeline does with encoded inputs."""
+    tokenizer = openvino_genai.Tokenizer(str(smol_dir))
+    genai = openvino_genai.LLMPipeline(
+        str(smol_dir), "CPU", ATTENTION_BACKEND="SDPA", KV_CACHE_PRECISION="f32", **EXACT_F32
+    )
+    want = _token_chat(genai, tokenizer)
+    extra = {"kv_precision": "f32"} if backend == "pa" else {}
+    pipe = make_pipe(smol_dir, "CPU", attention_backend=backend, **extra)
+    assert _token_chat(pipe, tokenizer) == want
+    assert all(want) and want[1] != want[2]
+
+
+def test_a_chat_goes_on_in_the_form_it_started(smol_dir):
+    pipe = make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
+    pipe.start_chat()
+    try:
+        pipe.generate("Hi", max_new_tokens=2)
+        with pytest.raises(ValueError, match="this chat has text turns"):
+            pipe.generate(ov.Tensor(np.array([[1, 2, 3]], np.int64)), max_new_tokens=2)
+        pipe.finish_chat()
+        pipe.start_chat()
+        pipe.generate(ov.Tensor(np.array([[1, 2, 3]], np.int64)), max_new_tokens=2)
+        with pytest.raises(ValueError, match="this chat has token-id turns"):
+            pipe.generate("Hi", max_new_tokens=2)
+        with pytest.raises(ValueError, match="one prompt at a time"):
+            pipe.generate(ov.Tensor(np.array([[1, 2], [3, 4]], np.int64)), max_new_tokens=2)
+    finally:
+        pipe.finish_chat()
+
+
+def test_token_lists_end_with_the_stop_token_as_genais(smol_dir, genai_f32_pipe):
+    """genai's EncodedResults and continuous-batching ids end with the EOS that ended the
+    answer; our own GenerationResult names it apart (stop_token)."""
+    tokenizer = openvino_genai.Tokenizer(str(smol_dir))
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Reply with one word: yes or no. Is water wet?"}],
+        add_generation_prompt=True,
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False).input_ids
+    want = [int(t) for t in genai_f32_pipe.generate(ids, max_new_tokens=30).tokens[0]]
+    assert want[-1] == tokenizer.get_eos_token_id() and len(want) < 30  # it stopped at EOS
+    pipe = make_pipe(smol_dir, "CPU", attention_backend="pa", kv_precision="f32")
+    assert pipe.generate(ids, max_new_tokens=30).tokens[0] == want
+    ours = pipe.generate(list(ids.data[0]), max_new_tokens=30)
+    assert ours.tokens == want[:-1] and ours.stop_token == want[-1]
+    batching = npuw_kv.ContinuousBatchingPipeline(
+        str(smol_dir), openvino_genai.SchedulerConfig(), "CPU", {"kv_precision": "f32", **SAME}
+    )
+    config = GenerationConfig(max_new_tokens=30)
+    assert batching.generate([ids], [config])[0].m_generation_ids[0] == want

@@ -29,6 +29,12 @@ class GenerationResult:
     stop_token: int | None = None
 
     @property
+    def genai_tokens(self) -> list[int]:
+        """The tokens as genai lists them (``EncodedResults``, continuous batching): ending with
+        the stop token that ended the answer, if one did."""
+        return [*self.tokens, *([] if self.stop_token is None else [self.stop_token])]
+
+    @property
     def ms_per_token(self) -> float:
         steps = max(len(self.tokens) - 1, 1)
         return 1000.0 * self.decode_s / steps

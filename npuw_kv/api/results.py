@@ -128,11 +128,12 @@ class DecodedResults(_Results, openvino_genai.DecodedResults):
 
 
 class EncodedResults(_Results):
-    """Token ids, as openvino-genai's ``EncodedResults``: ``tokens`` is one list per sequence
-    (genai's class has no Python constructor, so this one cannot derive from it)."""
+    """Token ids, as openvino-genai's ``EncodedResults``: ``tokens`` is one list per sequence,
+    ending with the stop token when one ended it, as genai's do (genai's class has no Python
+    constructor, so this one cannot derive from it)."""
 
     def _outputs(self, results: list[GenerationResult]) -> None:
-        self.tokens = [list(r.tokens) for r in results]
+        self.tokens = [r.genai_tokens for r in results]
 
     def __repr__(self) -> str:
         return f"EncodedResults(tokens={self.tokens!r})"

@@ -206,6 +206,11 @@ def _model_type(model_dir: Path) -> str:
     return str((config.get("text_config") or config).get("model_type") or "")
 
 
+def model_family(model_dir: Path) -> str:
+    """The model's family as its ``config.json`` names it (``model_type``); "" without one."""
+    return _model_type(model_dir)
+
+
 def wide_activations(model_dir: Path) -> bool:
     """Whether the model's ``config.json`` names an architecture whose activations between
     layers exceed f16 (:data:`_WIDE_ACTIVATIONS`)."""
