@@ -141,3 +141,13 @@ def test_tiny_bf16_kv_depends_on_the_chunk_no_more_than_f32(tiny_dir):
     ]
     assert moved["bf16"] > 1e-4  # the chunk matters here ...
     assert np.abs(one_chunk[0] - one_chunk[1]).max() <= 1e-5  # ... only through stored KV
+
+
+def test_a_kv_precision_given_wins_over_the_irs_runtime_options(tiny_dir):
+    """optimum-intel writes KV_CACHE_PRECISION=f16 into its IRs' runtime options; a
+    kv_precision the user gives (u8, the plugin's own default included) is what the paged
+    cache holds."""
+    pipe = LLMPipeline(tiny_dir, "CPU", attention_backend="pa", kv_precision="u8")
+    compiled = pipe.runner.request.get_compiled_model()
+    assert str(compiled.get_property("KV_CACHE_PRECISION")) == "<Type: 'uint8_t'>"
+    assert {t.element_type for t in pipe.runner.cache.tensors.values()} == {ov.Type.u8}

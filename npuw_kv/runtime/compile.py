@@ -325,5 +325,8 @@ def compile_paged(
                 f"'pa', which stores KV as one of {sorted(allowed)}; use attention_backend="
                 "'sdpa' for any KV precision"
             )
+    if precision is not None:
+        # named even for the plugin's own default: an IR's runtime options (optimum-intel
+        # writes KV_CACHE_PRECISION=f16 into its exports) would otherwise decide instead
         props = {**props, "KV_CACHE_PRECISION": precision}
     return core.compile_model(model, device, props).create_infer_request()
