@@ -119,7 +119,10 @@ def make_tiny_optimum_ir(
     ``arch``: ``llama`` (full attention), ``mistral`` (every layer attends to the last
     ``sliding_window`` tokens) or ``qwen2`` (alternating full and sliding-window layers, the
     hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
-    ``logits_scaling`` after the head) for a model that changes its logits after the head.
+    ``logits_scaling`` after the head) for a model that changes its logits after the head;
+    ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm`` and ``starcoder2`` for the
+    family matrix (tests/test_families.py).  Phi-2 (tracing fails) and Gemma 3 (optimum-intel
+    2.2 refuses transformers above 5.0 for it) do not export with the transformers here.
 
     The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
     ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
@@ -136,23 +139,23 @@ def make_tiny_optimum_ir(
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     config_class, model_class, extra = ARCHS[arch](transformers, layers, sliding_window)
-    config = config_class(
-        **extra,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=context,
-        tie_word_embeddings=True,
-        initializer_range=std,
-        rms_norm_eps=rms_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_base},
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    settings: dict[str, Any] = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": context,
+        "tie_word_embeddings": True,
+        "initializer_range": std,
+        "rms_norm_eps": rms_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_base},
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = config_class(**{**settings, **extra})  # a family's own settings win
     torch.manual_seed(seed)
     model = model_class(config).eval()
     model.generation_config.do_sample = False
@@ -200,6 +203,42 @@ def _gpt_neox(transformers: Any, layers: int, window: int) -> tuple[Any, Any, di
     return transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM, extra
 
 
+def _qwen3(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # RMS norms on q and k per head, untied head
+    extra = {"head_dim": 16, "tie_word_embeddings": False}
+    return transformers.Qwen3Config, transformers.Qwen3ForCausalLM, extra
+
+
+def _phi3(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # q/k/v in one fused projection, gate and up in another
+    return transformers.Phi3Config, transformers.Phi3ForCausalLM, {"tie_word_embeddings": False}
+
+
+def _stablelm(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # LayerNorm, RoPE on a quarter of each head
+    extra = {"partial_rotary_factor": 0.25, "tie_word_embeddings": False}
+    return transformers.StableLmConfig, transformers.StableLmForCausalLM, extra
+
+
+def _starcoder2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # LayerNorm, biases, a GELU MLP without a gate
+    extra = {"use_bias": True, "sliding_window": None}
+    return transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, extra
+
+
+def _phi(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # Phi-2's form: attention and MLP side by side, partial rotary, a biased untied head
+    extra = {"partial_rotary_factor": 0.5, "tie_word_embeddings": False}
+    return transformers.PhiConfig, transformers.PhiForCausalLM, extra
+
+
+def _gemma3(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # sliding-window and full layers, q/k norms, scaled embeddings, GELU-tanh gate
+    kinds = ["sliding_attention", "full_attention"] * layers
+    extra = {"head_dim": 16, "sliding_window": window, "layer_types": kinds[:layers]}
+    return transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, extra
+
+
 # arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
 ARCHS = {
     "llama": _llama,
@@ -208,6 +247,12 @@ ARCHS = {
     "granite": _granite,
     "olmo2": _olmo2,
     "gpt_neox": _gpt_neox,
+    "qwen3": _qwen3,
+    "phi3": _phi3,
+    "stablelm": _stablelm,
+    "starcoder2": _starcoder2,
+    "phi": _phi,
+    "gemma3": _gemma3,
 }
 
 

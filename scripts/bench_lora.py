@@ -9,6 +9,11 @@ with alpha 0 (the base model through the same graph); the switch between them is
 
     python scripts/bench_lora.py                    # the default model, CPU default path
     python scripts/bench_lora.py -d NPU --rank 16
+    python scripts/bench_lora.py -m IR --genai      # openvino-genai beside it (an optimum IR:
+                                                    # genai matches layers by name only)
+
+With ``--genai`` openvino-genai's pipeline runs the same way without and with the adapter
+(its prefix cache may serve the repeated prompt, so its TTFT is not comparable; TPOT is).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from npuw_kv import Adapter, AdapterConfig, LLMPipeline
 from npuw_kv.model.source import resolve_model
@@ -36,27 +42,36 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--genai", action="store_true", help="openvino-genai beside it")
     args = parser.parse_args()
     model = resolve_model(args.model)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = make_lora_adapter(model, Path(tmp) / "adapter.safetensors", rank=args.rank)
-        adapter = Adapter(path)
+    tmp = tempfile.TemporaryDirectory()
+    path = make_lora_adapter(model, Path(tmp.name) / "adapter.safetensors", rank=args.rank)
+    adapter = Adapter(path)
     base = LLMPipeline(model, args.device)
     lora = LLMPipeline(model, args.device, adapters=AdapterConfig(adapter, 1.0))
     on, off = AdapterConfig(adapter, 1.0), AdapterConfig()
     runs: dict[str, list[tuple[float, float]]] = {"base": [], "alpha 1": [], "alpha 0": []}
     switches = []
 
-    def call(pipe: LLMPipeline, **kwargs: object) -> tuple[float, float]:
+    def call(pipe: Any, **kwargs: object) -> tuple[float, float]:
         # prefix reuse off for the measurement: every call runs its whole prompt
         result = pipe.generate(
-            PROMPT, max_new_tokens=args.new_tokens, ignore_eos=True, apply_chat_template=False,
+            [PROMPT], max_new_tokens=args.new_tokens, ignore_eos=True, apply_chat_template=False,
             **kwargs,
         )  # fmt: skip
         metrics = result.perf_metrics
         return metrics.get_ttft().mean, metrics.get_tpot().mean
 
-    for pipe in (base, lora):  # warm up
+    peers: dict[str, Any] = {}
+    if args.genai:
+        import openvino_genai
+
+        theirs = openvino_genai.AdapterConfig(openvino_genai.Adapter(str(path)), 1.0)
+        peers["genai"] = openvino_genai.LLMPipeline(str(model), args.device)
+        peers["genai+lora"] = openvino_genai.LLMPipeline(str(model), args.device, adapters=theirs)
+        runs.update({name: [] for name in peers})
+    for pipe in (base, lora, *peers.values()):  # warm up
         call(pipe)
     for _ in range(args.repeats):
         base.runner.forget_prefixes()
@@ -68,6 +83,8 @@ def main() -> None:
         runs["alpha 1"].append(call(lora, adapters=on))
         lora.runner.forget_prefixes()
         runs["alpha 0"].append(call(lora, adapters=off))
+        for name, pipe in peers.items():
+            runs[name].append(call(pipe))
     ttft0 = statistics.median(t for t, _ in runs["base"])
     tpot0 = statistics.median(p for _, p in runs["base"])
     print(f"model {model.name}, {args.device}, adapter rank {args.rank} on every projection")
@@ -75,7 +92,7 @@ def main() -> None:
         ttft = statistics.median(t for t, _ in values)
         tpot = statistics.median(p for _, p in values)
         print(
-            f"{name:8s} TTFT {ttft:7.1f} ms ({ttft / ttft0:.2f}x)   "
+            f"{name:10s} TTFT {ttft:7.1f} ms ({ttft / ttft0:.2f}x)   "
             f"TPOT {tpot:6.2f} ms ({tpot / tpot0:.2f}x)"
         )
     print(f"switch (writing the alpha input, dropping cached prefixes): "

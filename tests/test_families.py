@@ -6,7 +6,9 @@ which work token by token.  OLMo 2's export gives attention a boolean mask, unde
 chunk's front padding attends to nothing (NaN) unless each row may attend to its own key.
 GPT-NeoX (parallel residual, RoPE on a quarter of each head) runs unpartitioned under NPUW,
 whose partitioned execution of it gives wrong tokens.  Granite, OLMo 2 and GPT-NeoX are built
-here (models/make_tiny_optimum_ir.py) and checked against openvino-genai on every path;
+here (models/make_tiny_optimum_ir.py) and checked against openvino-genai on every path, with
+Qwen3 (q/k norms), Phi-3 (fused projections), StableLM (LayerNorm, partial rotary) and
+StarCoder2 (biases, an ungated GELU MLP), untied heads among them;
 Gemma 2's form (which optimum-intel 2.2 does not export with this transformers) is checked on a
 graph of its shape.
 """
@@ -42,7 +44,15 @@ PATHS = {
 
 
 # arch -> weights' std and seed that give a varied greedy answer
-FAMILIES = {"granite": (0.3, 3), "olmo2": (0.5, 1), "gpt_neox": (0.3, 3)}
+FAMILIES = {
+    "granite": (0.3, 3),
+    "olmo2": (0.5, 1),
+    "gpt_neox": (0.3, 3),
+    "qwen3": (0.3, 3),  # q/k norms, untied head
+    "phi3": (0.3, 3),  # fused q/k/v and gate/up projections, untied head
+    "stablelm": (0.3, 3),  # LayerNorm, partial rotary, untied head
+    "starcoder2": (0.3, 3),  # LayerNorm, biases, an ungated GELU MLP
+}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

@@ -224,7 +224,8 @@ def test_the_static_path_refuses_shares_at_run_time_and_warns_on_the_variable(qw
 # -- the chat system prompt -------------------------------------------------------------------
 def _chat_then_flood(pipe: LLMPipeline, chat: bool) -> None:
     """A first turn under SYSTEM (as a chat, or as the same ids given raw), then three other
-    prompts that need the pools' blocks."""
+    prompts that need the pools' blocks (given as messages: in a chat, token ids would be its
+    next turn)."""
     if chat:
         pipe.start_chat(SYSTEM)
         _run(pipe, "Hello there", 4)
@@ -235,8 +236,9 @@ def _chat_then_flood(pipe: LLMPipeline, chat: bool) -> None:
         _run(pipe, ids.astype(np.int64), 4)
         assert pipe.kv_stats()["priority_held_tokens"] == 0
         assert pipe.kv_stats()["priority_held_blocks"] == 0
-    for salt in (1, 2, 3):
-        _run(pipe, _ids(110, salt), 4)
+    for salt in (1, 2, 3):  # messages: prompts of their own, not turns of the chat
+        text = pipe.tokenizer.decode(_ids(80, salt).tolist())
+        _run(pipe, [{"role": "user", "content": text}], 4)
 
 
 def test_chat_system_prompt_blocks_are_evicted_last(qwen2, fresh):
