@@ -44,7 +44,7 @@ from .generation import speculative
 from .generation.decode import Streamer, generate_sequences
 from .generation.draft import record_genai_drafts
 from .generation.session import REENTERED, BatchSession, SequenceRequest, Ticket, requests
-from .model.source import read_ir, trained_context
+from .model.source import family_named, read_ir, trained_context
 from .runtime.adapters import Alphas, LoraSwitch, no_adapters
 from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
@@ -102,9 +102,10 @@ class LLMPipeline:
                 load_tokenizer(model_dir) if given.tokenizer is None else given.tokenizer
             )
             adapters = given.adapters.get_adapters() if given.adapters else []
-            built = build_runner(
-                self.core, model_dir, ir, self.config, kv_capacity, settings, adapters
-            )
+            with family_named(model_dir):  # a graph we cannot take: which family
+                built = build_runner(
+                    self.core, model_dir, ir, self.config, kv_capacity, settings, adapters
+                )
             del ir  # the device holds its own copy of the graph now
         self.runner: Runner = built.runner
         self._encoder = PromptEncoder(self.tokenizer)

@@ -17,12 +17,13 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.settings import GGUF_ZERO_POINTS
-from ..errors import ModelLoadError, ModelSourceError, last_line
+from ..errors import ModelLayoutError, ModelLoadError, ModelSourceError, last_line
 from .cache_entry import cache_error, cached_entry, write_manifest
 from .ir_cache import (
     IR_FILES,
@@ -206,9 +207,17 @@ def _model_type(model_dir: Path) -> str:
     return str((config.get("text_config") or config).get("model_type") or "")
 
 
-def model_family(model_dir: Path) -> str:
-    """The model's family as its ``config.json`` names it (``model_type``); "" without one."""
-    return _model_type(model_dir)
+@contextmanager
+def family_named(model_dir: Path) -> Iterator[None]:
+    """A ``ModelLayoutError`` raised inside names the model's family (its ``config.json``'s
+    ``model_type``) too: which rewrite failed, on what kind of model."""
+    try:
+        yield
+    except ModelLayoutError as exc:
+        family = _model_type(model_dir)
+        if not family or family in str(exc):
+            raise
+        raise ModelLayoutError(f"a {family} model: {exc}") from exc
 
 
 def wide_activations(model_dir: Path) -> bool:

@@ -22,7 +22,7 @@ import openvino as ov
 from ..config.decide import Decided, decide
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import MAX_NUM_SEQS, STORE_BLOCK_TOKENS, label
-from ..errors import CompileError, ModelLayoutError, UsageError, last_line
+from ..errors import CompileError, UsageError, last_line
 from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
 from ..kv.cache import KVSpec, SharedKVCache
@@ -30,13 +30,7 @@ from ..kv.memory import ensure_fits
 from ..model.layout import KVLayout
 from ..model.lora import Adapter, LoraGraph, apply_lora
 from ..model.paged_rewrite import make_paged, split_block_tables
-from ..model.source import (
-    declared_window,
-    model_family,
-    npuw_unpartitioned,
-    read_ir,
-    wide_activations,
-)
+from ..model.source import declared_window, npuw_unpartitioned, read_ir, wide_activations
 from ..model.variants import prepare
 from .compile import compile_paged, compile_requests, static_shapes
 from .paged.runner import PagedRunner
@@ -69,28 +63,6 @@ def build_runner(
     adapters: Sequence[Adapter] = (),
 ) -> Built:
     """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache.
-
-    A graph the rewrites cannot take is a ``ModelLayoutError`` naming the model's family too.
-    """
-    try:
-        return _build_runner(core, model_dir, ir, config, kv_capacity, settings, adapters)
-    except ModelLayoutError as exc:
-        family = model_family(model_dir)
-        if not family or family in str(exc):
-            raise
-        raise ModelLayoutError(f"a {family} model: {exc}") from exc
-
-
-def _build_runner(
-    core: ov.Core,
-    model_dir: Path,
-    ir: ov.Model,
-    config: PipelineConfig,
-    kv_capacity: int,
-    settings: Mapping[str, Any],
-    adapters: Sequence[Adapter],
-) -> Built:
-    """:func:`build_runner`'s work.
 
     ``settings``: what the user passed, named in error messages.  ``adapters``: LoRA adapters
     put into the graph after the backend's rewrites (they cut the LM head, which the adapters
