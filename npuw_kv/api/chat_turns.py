@@ -36,11 +36,8 @@ def check_turn_kind(
 
 
 def token_turn(request: Request, chat_ids: Sequence[int]) -> Request:
-    """The turn's prompt: the chat's ids so far, then the turn's (one prompt only)."""
-    if len(request.prompts) != 1:
-        raise UsageError(
-            f"chat mode (start_chat) takes one prompt at a time, got {len(request.prompts)}"
-        )
+    """The turn's prompt: the chat's ids so far, then the turn's (``check_request`` has
+    refused a chat turn of several prompts)."""
     new = request.prompts[0].ids
     assert new is not None
     ids = np.concatenate([np.asarray(chat_ids, np.int64), new.astype(np.int64)])

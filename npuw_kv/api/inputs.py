@@ -156,7 +156,7 @@ def check_request(request: Request, config: Any, streamer: Any, chatting: bool) 
             "num_return_sequences > 1 returns several token lists: pass the ids as an ov.Tensor "
             "(EncodedResults) instead of a list or array"
         )
-    if chatting and request.kind == "texts" and len(request.prompts) > 1:
+    if chatting and request.kind in ("texts", "encoded") and len(request.prompts) > 1:
         raise UsageError(
             f"chat mode (start_chat) takes one prompt at a time, got {len(request.prompts)}"
         )

@@ -27,6 +27,7 @@ import openvino.opset13 as ops
 
 from ..errors import UsageError
 from .head import head_matmul
+from .split import parameter_free
 
 ALPHA_INPUT = "npuw_kv_lora_alpha"
 
@@ -55,11 +56,9 @@ class Adapter(Protocol):
 
 @dataclass(frozen=True)
 class LoraGraph:
-    """What :func:`apply_lora` did: the adapters in the order of the alpha input's entries,
-    and the adapted layers' names."""
+    """What :func:`apply_lora` did: the adapters in the order of the alpha input's entries."""
 
     adapters: tuple[Adapter, ...]
-    layers: tuple[str, ...]
 
 
 def apply_lora(model: ov.Model, adapters: Sequence[Adapter]) -> LoraGraph:
@@ -102,8 +101,7 @@ def apply_lora(model: ov.Model, adapters: Sequence[Adapter]) -> LoraGraph:
     for group in groups.values():
         _adapt(group, alpha, len(adapters) == 1)
     model.add_parameters([alpha])
-    layers = tuple(layer for _, parts in by_node.values() for _, layer, _ in parts)
-    return LoraGraph(tuple(adapters), tuple(dict.fromkeys(layers)))
+    return LoraGraph(tuple(adapters))
 
 
 def _named(friendly: str, layer: str) -> bool:
@@ -200,20 +198,12 @@ def _nearest(
 
 def weight_matmuls(model: ov.Model) -> list[ov.Node]:
     """MatMuls whose second input is a weight (a constant, maybe decompressed)."""
-    out = []
-    for node in model.get_ordered_ops():
-        if node.get_type_name() == "MatMul" and _from_constants(node.input_value(1)):
-            out.append(node)
-    return out
-
-
-def _from_constants(output: ov.Output) -> bool:
-    node = output.get_node()
-    if node.get_type_name() == "Constant":
-        return True
-    if node.get_type_name() == "Parameter" or node.get_input_size() == 0:
-        return False
-    return all(_from_constants(i) for i in node.input_values())
+    memo: dict[str, bool] = {}
+    return [
+        node
+        for node in model.get_ordered_ops()
+        if node.get_type_name() == "MatMul" and parameter_free(node.input_value(1), memo)
+    ]
 
 
 def _head(model: ov.Model) -> ov.Node | None:
