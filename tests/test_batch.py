@@ -281,3 +281,45 @@ def test_without_split_fuse_prompts_are_read_in_steps_of_their_own(smol_dir, tex
     reading = [s for s in steps if any(n > 1 for n in s)]  # (no chunk of these is 1 token)
     assert reading and len(reading) < len(steps)
     assert all(n > 1 for s in reading for n in s), steps  # no decode token beside a chunk
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A tiny Qwen2 with a window of two blocks (64 tokens) on every other layer."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    from make_tiny_optimum_ir import make_tiny_optimum_ir
+
+    return make_tiny_optimum_ir(tmp_path_factory.mktemp("w64"), arch="qwen2", sliding_window=64)
+
+
+# seeds whose batch preempts in a pool of only the decoders' blocks (30 here; measured)
+@pytest.mark.parametrize("seed", [18, 21])
+def test_window_pools_sized_for_a_batch_preempt_nothing(windowed, text_ids, seed):
+    """The window pool a batch is given holds each sequence's window and a block, plus the
+    blocks one step's prompt tokens span and one for a read the budget cut mid-block: prompts
+    of random lengths, read in chunks beside decode tokens, never run out of it (no
+    preemption) and each gets its own tokens."""
+    from npuw_kv.kv.blocks.sequence import min_live_blocks
+
+    rng = random.Random(seed)
+    chunk, total = 64, 320 + 40
+    pipe = LLMPipeline(
+        windowed, "CPU", prefill_chunk_size=chunk, max_prompt_len=320, min_response_len=40,
+        prefix_reuse=False, **PA_F32, **EXACT_F32,
+    )  # fmt: skip
+    prompts = _prompts(text_ids, [rng.randint(1, 280) for _ in range(10)])
+    texts = _texts(pipe, prompts)
+    kw = {"max_new_tokens": rng.randint(20, 40), "ignore_eos": True, "apply_chat_template": False}
+    alone = [str(pipe.generate(t, **kw)) for t in texts]
+    batch = pipe.generate(texts, **kw)
+    assert pipe.batch_stats["batch_preemptions"] == 0
+    assert batch.texts == alone
+    longest = max(len(pipe.tokenizer.encode(t).input_ids.data[0]) for t in texts)
+    length = min(longest + kw["max_new_tokens"], total)
+    decoding = min_live_blocks(length, 64, 32, 1)
+    reading = min_live_blocks(length, 64, 32, chunk)
+    assert pipe.kv_stats()["kv_pool_blocks"]["64"] == 10 * decoding + chunk // 32 + 1
+    assert chunk // 32 + 1 < 10 * (reading - decoding)  # tighter than a chunk per sequence

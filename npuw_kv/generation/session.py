@@ -308,7 +308,7 @@ class BatchSession:
         ``max_num_seqs`` sequences (or ``at_once``), each of the longest's tokens."""
         count = sum(n for n, _ in sizes) if at_once is None else max(at_once, len(sizes))
         longest = max(tokens for _, tokens in sizes)
-        self.runner.fit_batch(min(self.engine.max_num_seqs, count), longest)
+        self.runner.fit_batch(min(self.engine.max_num_seqs, count), longest, self.engine.budget)
 
 
 def _no_modes(mode: Any) -> None:

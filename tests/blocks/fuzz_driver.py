@@ -204,6 +204,9 @@ class Driver:
             self.remove(sid)  # the conversation is over
             return
         store = bool(seq.pending) or self.rng.random() > 0.05
+        if self.rng.random() < 0.1:  # a batch step it waits out: only what it reads next stays
+            self.mgr.detach_unseen(sid)
+            self.mgr.check_invariants()
         self._extend(sid, new, store)
 
     def _extend(self, sid: int, new: list[int], store: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from blocks_helpers import build
 
 from npuw_kv.kv.blocks import PoolKind
@@ -55,6 +56,29 @@ def test_a_multi_token_call_keeps_what_its_first_token_reads() -> None:
     assert mgr.block_table("p", 4).count(-1) == 8
     mgr.add_tokens("p", [1, 2, 3])  # evaluated at its first token: 22 -> 9
     assert mgr.block_table("p", 4).count(-1) == 9
+    mgr.check_invariants()
+
+
+def test_detach_unseen_lets_a_waiting_sequence_hold_only_what_it_reads_next() -> None:
+    """Between calls a batch detaches what a sequence's next token cannot see: a prompt read
+    in part gives back its chunk's early blocks at once (its next call would give the same
+    ones back), the next call sees the same table, and truncating behind them is refused."""
+    mgr = build([4, None], [12, 16], max_seq_len=24, tpb=2)
+    mgr.add_sequence("p", list(range(10)))  # 10 tokens in one call: all 5 blocks live
+    assert mgr.block_table("p", 4).count(-1) == 0
+    held = mgr.stats().windows[4].primary_used
+    mgr.detach_unseen("p")  # token 10 reads 7..10: blocks 0-2 are behind its window
+    assert mgr.block_table("p", 4)[:3] == [-1] * 3
+    assert mgr.stats().windows[4].primary_used == held - 3
+    mgr.detach_unseen("p")  # idempotent
+    assert mgr.block_table("p", 4).count(-1) == 3
+    with pytest.raises(ValueError, match="already released"):
+        mgr.truncate("p", 4)
+    twin = build([4, None], [12, 16], max_seq_len=24, tpb=2)
+    twin.add_sequence("p", list(range(10)))
+    mgr.add_tokens("p", [10, 11])
+    twin.add_tokens("p", [10, 11])
+    assert mgr.block_table("p", 4).count(-1) == twin.block_table("p", 4).count(-1) == 3
     mgr.check_invariants()
 
 

@@ -197,6 +197,15 @@ class KVBlockManager:
         for wm in self.windows.values():
             wm.extend(seq.serial, seq.tokens, n_old, store)
 
+    def detach_unseen(self, seq_id: Hashable) -> None:
+        """Detach now, in every sliding-window group, the blocks the sequence's next token
+        cannot see.  Its next call would; a batch that leaves a sequence waiting between calls
+        (its prompt half read) calls this so that it does not hold its last call's blocks
+        meanwhile.  A later ``truncate`` cannot go back before them."""
+        seq = self._get(seq_id)
+        for wm in self.windows.values():
+            wm.detach_unseen(seq.serial, len(seq.tokens))
+
     def add_token(self, seq_id: Hashable, token: int, *, store: bool = True) -> None:
         self.add_tokens(seq_id, (token,), store=store)
 

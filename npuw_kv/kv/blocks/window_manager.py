@@ -252,6 +252,11 @@ class WindowManager:
             seq.store_upto = n_old // self.tpb
         self._grow(seq, tokens, n_old, len(tokens))
 
+    def detach_unseen(self, serial: int, n_tokens: int) -> None:
+        """Detach what the next token of the sequence (of ``n_tokens``) cannot see, as its
+        next call would."""
+        self._detach_upto(self.seqs[serial], n_tokens + 1)
+
     def remove(self, serial: int, tokens: Sequence[int]) -> None:
         """End a sequence: store its chain (SWA: the slots that still hold their bytes, unless
         another sequence took one), release its blocks."""

@@ -75,6 +75,7 @@ class BatchEngine:
         # 256 tokens in 72 ms and one of 272 in 120 ms (SmolLM2; docs/measurements.md)
         self.budget = max_batched_tokens or runner.chunk
         self.split_fuse = split_fuse
+        self._windowed = runner.memory.windowed
         if self.budget < 1:
             raise UsageError(f"max_num_batched_tokens must be >= 1, got {self.budget}")
         self.live: dict[int, Live] = {}
@@ -168,6 +169,10 @@ class BatchEngine:
         """The step's subsequences ``(sequence, begin, end)``, their blocks registered."""
         budget = self.budget
         plan: list[tuple[Live, int, int]] = []
+        if self._windowed:  # a sequence that waits this step holds only what it will read
+            for seq in self.live.values():
+                if seq.admitted:
+                    self.runner.blocks.detach_unseen(seq.key)
         running = [s for s in self.live.values() if s.admitted and s.waiting_for_logits]
         # decode tokens first (oldest first), then the prompts being read
         running.sort(key=lambda s: (s.reading_prompt, s.handle))

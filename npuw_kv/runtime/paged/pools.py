@@ -35,6 +35,7 @@ from ...kv.paged_cache import (
     PagedSpec,
     PoolPlan,
     block_bytes,
+    blocks_for,
     plan_pools,
     sequence_blocks,
 )
@@ -166,21 +167,30 @@ class PagedPools:
             self.room = before
             raise
 
-    def fit_batch(self, sequences: int, tokens: int, prefilling: int = 2) -> bool:
+    def fit_batch(self, sequences: int, tokens: int, step_tokens: int | None = None) -> bool:
         """Pools that hold ``sequences`` sequences of ``tokens`` tokens at once, grown where
         smaller: a full-attention pool by their tokens, a sliding-window pool by what each
-        sequence keeps live: its window and a block while it decodes, its window and a chunk
-        while it reads its prompt, which at most ``prefilling`` do at once (the batch engine
-        reads one prompt a step, and starts the next as one ends); so more sequences fit than
-        with every layer whole.  Should more read prompts at once, the engine preempts.  With no
-        sequence live the pools are allocated anew (the cached prefixes dropped); with some live
-        they grow keeping every block.  Nothing changes if allocating fails.  True if they
-        grew."""
+        sequence keeps live: its window and a block while it decodes or waits (the engine
+        detaches what a waiting sequence's next token cannot see), and more in a step that
+        reads its prompt.  A step reads at most ``step_tokens`` prompt tokens (the engine's
+        budget, by default a chunk); beyond what it holds decoding, a reader of ``a`` tokens
+        holds the blocks its read adds: ``ceil(a / block) - 1`` when the read starts at a block
+        boundary (a chunk boundary or a prefix hit), one more for the one read a step may
+        continue where the budget cut it.  So a step's readers hold at most
+        ``ceil(step_tokens / block) + 1`` blocks more, however many they are (and no more than
+        each holds reading a whole chunk).  More sequences fit than with every layer whole.
+        With no sequence live the pools are allocated anew (the cached prefixes dropped); with
+        some live they grow keeping every block.  Nothing changes if allocating fails.  True if
+        they grew."""
         keys, length = list(self.plan.primary), min(tokens, self.capacity)
         decoding = sequence_blocks(keys, self.capacity, length, self.block_size, 1)
         reading = sequence_blocks(keys, self.capacity, length, self.block_size, self.chunk)
-        readers = min(prefilling, sequences)
-        need = {k: sequences * decoding[k] + readers * (reading[k] - decoding[k]) for k in keys}
+        step = self.chunk if step_tokens is None else step_tokens
+        read = blocks_for(step, self.block_size) + 1
+        need = {
+            k: sequences * decoding[k] + min(sequences * (reading[k] - decoding[k]), read)
+            for k in keys
+        }
         if all(self.plan.primary[k] >= n for k, n in need.items()):
             return False
         live = bool(self.blocks.sequence_ids)

@@ -216,11 +216,11 @@ class PagedRunner(Runner):
         self.memory.blocks = self.memory.new_manager()
         self.reused_tokens = self.finished_tokens = 0
 
-    def fit_batch(self, sequences: int, tokens: int) -> bool:
-        """Pools that hold ``sequences`` sequences of up to ``tokens`` tokens at once
-        (:meth:`PagedPools.fit_batch`: allocated anew when no sequence is live, the cached
-        prefixes dropped; grown keeping every block when some are)."""
-        if self.memory.fit_batch(sequences, tokens):
+    def fit_batch(self, sequences: int, tokens: int, step_tokens: int | None = None) -> bool:
+        """Pools that hold ``sequences`` sequences of up to ``tokens`` tokens at once, steps of
+        at most ``step_tokens`` (:meth:`PagedPools.fit_batch`: allocated anew when no sequence
+        is live, the cached prefixes dropped; grown keeping every block when some are)."""
+        if self.memory.fit_batch(sequences, tokens, step_tokens):
             self.reused_tokens = 0
             return True
         return False
