@@ -113,6 +113,7 @@ def make_tiny_optimum_ir(
     keep_hf: bool = False,
     arch: str = "llama",
     sliding_window: int = 16,
+    vocab: int | None = None,
 ) -> Path:
     """Build a seeded random causal LM and export it to ``out_dir``; return ``out_dir``.
 
@@ -121,8 +122,11 @@ def make_tiny_optimum_ir(
     hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
     ``logits_scaling`` after the head) for a model that changes its logits after the head;
     ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm`` and ``starcoder2`` for the
-    family matrix (tests/test_families.py).  Phi-2 (tracing fails) and Gemma 3 (optimum-intel
-    2.2 refuses transformers above 5.0 for it) do not export with the transformers here.
+    family matrix (tests/test_families.py); ``qwen2.5`` (Qwen2 with every layer full).
+    Phi-2 (tracing fails) and Gemma 3 (optimum-intel 2.2 refuses transformers above 5.0 for
+    it) do not export with the transformers here.  ``vocab``: rows of the embedding and head
+    beyond the tokenizer's (a stand-in of a model with a larger vocabulary; ids past the
+    tokenizer's decode to nothing).
 
     The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
     ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
@@ -135,7 +139,10 @@ def make_tiny_optimum_ir(
     if hf_dir.exists():
         shutil.rmtree(hf_dir)
     tokenizer = build_smollm2_tokenizer()
-    vocab = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    known = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    if vocab is not None and vocab < known:
+        raise ValueError(f"vocab={vocab} is below the SmolLM2 tokenizer's {known} ids")
+    vocab = vocab or known
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     config_class, model_class, extra = ARCHS[arch](transformers, layers, sliding_window)
@@ -178,6 +185,11 @@ def _mistral(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dic
 def _qwen2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
     kinds = ["full_attention", "sliding_attention"] * layers
     extra = {"sliding_window": window, "use_sliding_window": True, "layer_types": kinds[:layers]}
+    return transformers.Qwen2Config, transformers.Qwen2ForCausalLM, extra
+
+
+def _qwen25(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    extra = {"use_sliding_window": False, "layer_types": ["full_attention"] * layers}
     return transformers.Qwen2Config, transformers.Qwen2ForCausalLM, extra
 
 
@@ -244,6 +256,7 @@ ARCHS = {
     "llama": _llama,
     "mistral": _mistral,
     "qwen2": _qwen2,
+    "qwen2.5": _qwen25,
     "granite": _granite,
     "olmo2": _olmo2,
     "gpt_neox": _gpt_neox,
