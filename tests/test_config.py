@@ -217,6 +217,13 @@ def test_decide_settles_every_auto_once():
     assert (decided.prefill_ladder, decided.generate_ladder) == ("full", "full")
     assert decided.v_transposed and not decided.dense_blocks  # V transposed: one block
     assert decided.kv_precision == "f32" and not decided.npuw_f16  # wide activations
+    # an f32 KV cache turns NPUW's f16 tensors between sub-graphs off; an explicit value wins
+    f32_kv = decide(core, PipelineConfig.from_kwargs("NPU", kv_precision="f32"))
+    assert f32_kv.kv_precision == "f32" and not f32_kv.npuw_f16
+    asked = decide(core, PipelineConfig.from_kwargs("NPU", kv_precision="f32", npuw_f16ic="yes"))
+    assert asked.npuw_f16
+    off = decide(core, PipelineConfig.from_kwargs("NPU", NPUW_F16IC="NO"))
+    assert off.kv_precision == "f16" and not off.npuw_f16
     stored = decide(core, PipelineConfig.from_kwargs("NPU", prefix_cache_tokens=64))
     assert not stored.window_rings  # the host store keeps every layer's whole past
     text = "\n".join(npu.lines())

@@ -139,6 +139,17 @@ def npuw_f16_between_subgraphs(config: Settings, wide_activations: bool) -> bool
     return hint not in ("f32", "float32") and not wide_activations
 
 
+def npuw_f16_tensors(config: Settings, wide_activations: bool, stored: str | None) -> bool:
+    """``NPUW_F16IC`` as the NPU path compiles with it: as given, else
+    :func:`npuw_f16_between_subgraphs`, and off under an f32 KV cache (asked for to keep
+    values exact; with f16 tensors between sub-graphs NPUW also hands some models' f32 KV
+    inputs to a sub-graph compiled for f16: "ParameterMismatch" at the first call)."""
+    given = config.compile_properties.get("NPUW_F16IC")
+    if given is not None:
+        return str(given).upper() in ("YES", "TRUE", "1")
+    return npuw_f16_between_subgraphs(config, wide_activations) and stored != "f32"
+
+
 def paged_kv_precision(config: Settings) -> str | None:
     """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
 
@@ -279,7 +290,7 @@ def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[
         is_paged,
         static_models(config),
         devices,
-        npuw_f16_between_subgraphs(config, wide_activations),
+        npuw_f16_tensors(config, wide_activations, stored),
         compute,
         stored,
         v_transposed(config, devices),
