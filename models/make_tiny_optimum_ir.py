@@ -121,7 +121,8 @@ def make_tiny_optimum_ir(
     ``sliding_window`` tokens) or ``qwen2`` (alternating full and sliding-window layers, the
     hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
     ``logits_scaling`` after the head) for a model that changes its logits after the head;
-    ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm`` and ``starcoder2`` for the
+    ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm``, ``starcoder2``, ``falcon``,
+    ``gpt2`` and ``glm4`` for the
     family matrix (tests/test_families.py); ``qwen2.5`` (Qwen2 with every layer full).
     Phi-2 (tracing fails) and Gemma 3 (optimum-intel 2.2 refuses transformers above 5.0 for
     it) do not export with the transformers here.  ``vocab``: rows of the embedding and head
@@ -244,6 +245,29 @@ def _phi(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[st
     return transformers.PhiConfig, transformers.PhiForCausalLM, extra
 
 
+def _falcon(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # Falcon-7B's form: one KV head (multi-query), attention and MLP side by side, no biases
+    extra = {
+        "multi_query": True,
+        "parallel_attn": True,
+        "new_decoder_architecture": False,
+        "bias": False,
+        "alibi": False,
+    }
+    return transformers.FalconConfig, transformers.FalconForCausalLM, extra
+
+
+def _gpt2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # learned positions added to the token embedding, LayerNorm, fused q/k/v, a GELU MLP
+    return transformers.GPT2Config, transformers.GPT2LMHeadModel, {}
+
+
+def _glm4(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # rotary on half of each head, norms after attention and MLP too, fused gate/up
+    extra = {"head_dim": 16, "partial_rotary_factor": 0.5, "tie_word_embeddings": False}
+    return transformers.Glm4Config, transformers.Glm4ForCausalLM, extra
+
+
 def _gemma3(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
     # sliding-window and full layers, q/k norms, scaled embeddings, GELU-tanh gate
     kinds = ["sliding_attention", "full_attention"] * layers
@@ -265,6 +289,9 @@ ARCHS = {
     "stablelm": _stablelm,
     "starcoder2": _starcoder2,
     "phi": _phi,
+    "falcon": _falcon,
+    "gpt2": _gpt2,
+    "glm4": _glm4,
     "gemma3": _gemma3,
 }
 

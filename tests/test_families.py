@@ -7,8 +7,10 @@ chunk's front padding attends to nothing (NaN) unless each row may attend to its
 GPT-NeoX (parallel residual, RoPE on a quarter of each head) runs unpartitioned under NPUW,
 whose partitioned execution of it gives wrong tokens.  Granite, OLMo 2 and GPT-NeoX are built
 here (models/make_tiny_optimum_ir.py) and checked against openvino-genai on every path, with
-Qwen3 (q/k norms), Phi-3 (fused projections), StableLM (LayerNorm, partial rotary) and
-StarCoder2 (biases, an ungated GELU MLP), untied heads among them;
+Qwen3 (q/k norms), Phi-3 (fused projections), StableLM (LayerNorm, partial rotary),
+StarCoder2 (biases, an ungated GELU MLP), Falcon (one KV head, parallel attention), GPT-2
+(learned positions: its embedding is not cut out, and NPUW neither folds nor partitions it, so
+the NPU path compiles it whole) and GLM-4 (half-head rotary, post-norms), untied heads among them;
 Gemma 2's form (which optimum-intel 2.2 does not export with this transformers) is checked on a
 graph of its shape.
 """
@@ -52,6 +54,9 @@ FAMILIES = {
     "phi3": (0.3, 3),  # fused q/k/v and gate/up projections, untied head
     "stablelm": (0.3, 3),  # LayerNorm, partial rotary, untied head
     "starcoder2": (0.3, 3),  # LayerNorm, biases, an ungated GELU MLP
+    "falcon": (0.3, 3),  # one KV head, attention and MLP side by side
+    "gpt2": (0.3, 3),  # learned positions added to the embedding (not cut out), LayerNorm
+    "glm4": (0.3, 3),  # rotary on half of each head, post-norms, untied head
 }
 
 

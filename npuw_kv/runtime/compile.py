@@ -195,7 +195,13 @@ def compile_requests(
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
+            try:
+                return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
+            except RuntimeError as again:
+                # unfolded, the partitioner can still fail (GPT-2: the embedding not cut out)
+                if not _partitioning_failed(again) or partition_given:
+                    raise
+                return whole_models(f"NPUW could not partition this model ({last_line(again)})")
     compiled = core.compile_model(shared_dynamic(model, layout), device, props)
     return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 
