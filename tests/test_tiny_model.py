@@ -151,3 +151,8 @@ def test_a_kv_precision_given_wins_over_the_irs_runtime_options(tiny_dir):
     compiled = pipe.runner.request.get_compiled_model()
     assert str(compiled.get_property("KV_CACHE_PRECISION")) == "<Type: 'uint8_t'>"
     assert {t.element_type for t in pipe.runner.cache.tensors.values()} == {ov.Type.u8}
+    # auto is the plugin's own default, as genai's pipeline gets on the same IR, not the IR's f16
+    auto = LLMPipeline(tiny_dir, "CPU", attention_backend="pa")
+    default = ov.Core().get_property("CPU", "KV_CACHE_PRECISION")
+    assert auto.runner.request.get_compiled_model().get_property("KV_CACHE_PRECISION") == default
+    assert {t.element_type for t in auto.runner.cache.tensors.values()} == {default}
