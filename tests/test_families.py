@@ -107,8 +107,8 @@ def test_each_family_runs_on_npu_at_its_defaults(family_dir, prompt):
     """The NPU path at its defaults (f16 KV, f16 tensors between NPUW's sub-graphs) gives
     genai's own defaults' first 8 tokens, except where the two pick apart tokens whose exact-f32
     logits are a near-tie; a model whose activations overflow f16 (the tiny StarCoder2) stops
-    with NaN named, and runs with the one setting the error names first that keeps every value
-    wide (``kv_precision='f32'``, which turns the f16 tensors off too)."""
+    with NaN named, and runs with one of the settings the error names (``kv_precision='f32'``,
+    which turns the f16 tensors off too)."""
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.ignore_eos = 8, True
     genai = openvino_genai.LLMPipeline(str(family_dir), "CPU")
