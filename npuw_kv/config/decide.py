@@ -20,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from .settings import _as_bool
+
 if TYPE_CHECKING:
     import openvino as ov
 
@@ -146,7 +148,7 @@ def npuw_f16_tensors(config: Settings, wide_activations: bool, stored: str | Non
     inputs to a sub-graph compiled for f16: "ParameterMismatch" at the first call)."""
     given = config.compile_properties.get("NPUW_F16IC")
     if given is not None:
-        return str(given).upper() in ("YES", "TRUE", "1")
+        return _as_bool("NPUW_F16IC", given)
     return npuw_f16_between_subgraphs(config, wide_activations) and stored != "f32"
 
 
