@@ -251,7 +251,7 @@ class Decided(Generic[C]):
 
     def lines(self) -> list[str]:
         """What ``npuw-kv inspect`` prints of the decisions."""
-        kv = self.kv_precision or "the plugin's default (u8 on CPU, unless the IR names one)"
+        kv = self.kv_precision or "the plugin's default (u8 on CPU)"
         out = [
             "backend          " + ("pa (PagedAttention)" if self.paged else "sdpa (static shapes)"),
             f"compute          {self.compute_precision}",
