@@ -124,7 +124,7 @@ def test_ring_masks_are_what_keeps_the_window(swa, reference, monkeypatch):
     overwritten slots are read and the tokens go wrong: the test above measures the mask."""
 
     def everything(start: int, n: int, first: int, window: int, ring: int) -> np.ndarray:
-        return np.zeros((1, 1, n, ring + n), np.float32)
+        return np.zeros((1, 1, n, ring + n), np.float16)
 
     monkeypatch.setattr(static_runner, "window_mask", everything)
     pipe = LLMPipeline(swa[1], "CPU", attention_backend="sdpa", **SETTINGS)

@@ -10,11 +10,14 @@ its 3 full layers plus 15 rings of 768 slots instead of 18 full pasts.
 A ring's slots are not in token order, so neither the slot index (the graph's own mask) nor
 the count of live slots before a key (:mod:`.window`'s rewrite) gives a key's position.  Each
 windowed attention takes its mask as an input instead, ``window_mask.{W}`` ``[1, 1, T, R + T]``
-(additive: 0 or -inf), which the runtime computes from the token it wrote into each slot
-(:mod:`npuw_kv.runtime.static.rings`).  The full layers keep the graph's mask.  A
-transformers export reads that mask's key count off the *first* layer's past (``ShapeOf(past
-0)``); when the first layer is windowed its past is now the ring, so such reads are pointed at
-a full layer's past.
+(additive: 0 or -inf, in f16, which holds both exactly), which the runtime computes from the
+token it wrote into each slot (:mod:`npuw_kv.runtime.static.rings`).  Not f32: the CPU plugin
+(OpenVINO 2026.4) computes bf16 attention wrong when its mask is an f32 input of one row
+(``[1, 1, 1, S]``: a generate step), NaN or wrong tokens from the first step on (Gemma 2's
+windows at the CPU's default bf16); an f16 input converted in the graph is read right.  The
+full layers keep the graph's mask.  A transformers export reads that mask's key count off
+the *first* layer's past (``ShapeOf(past 0)``); when the first layer is windowed its past is
+now the ring, so such reads are pointed at a full layer's past.
 """
 
 from __future__ import annotations
@@ -59,12 +62,10 @@ def give_rings(model: ov.Model, layout: KVLayout, rings: tuple[tuple[int, int], 
             continue
         assert window is not None and layer is not None
         if window not in masks:
-            mask = ops.parameter([1, 1, -1, -1], ov.Type.f32, name=mask_input(window))
+            mask = ops.parameter([1, 1, -1, -1], ov.Type.f16, name=mask_input(window))
             mask.output(0).set_names({mask_input(window)})
             masks[window] = mask
-        source = masks[window].output(0)
-        if sdpa.input(3).get_element_type() != ov.Type.f32:
-            source = ops.convert(source, sdpa.input(3).get_element_type()).output(0)
+        source = ops.convert(masks[window], sdpa.input(3).get_element_type()).output(0)
         sdpa.input(3).replace_source_output(source)
         rewired.add(layer)
     missing = {p.layer for p in layout.ports if layout.window[p.layer] in ringed} - rewired

@@ -24,7 +24,7 @@ def held_slots(write_start: int, ring: int) -> np.ndarray:
 def window_mask(
     write_start: int, tokens: int, first_slot: int, window: int, ring: int
 ) -> np.ndarray:
-    """The additive mask ``[1, 1, tokens, ring + tokens]`` of a windowed attention whose call
+    """The additive f16 mask ``[1, 1, tokens, ring + tokens]`` of a windowed attention whose call
     writes token slots ``[write_start, write_start + tokens)``; slots before ``first_slot`` are
     padding.  Keys: the ring's slots, then the call's own tokens (the graph's Concat order).
 
@@ -37,7 +37,7 @@ def window_mask(
     keys = np.concatenate([np.broadcast_to(held, (tokens, ring)), np.repeat(own, tokens, 0)], 1)
     allowed = (keys >= first_slot) & (keys <= queries) & (keys > queries - window)
     allowed[:, ring:] |= np.eye(tokens, dtype=bool)
-    mask = np.where(allowed, np.float32(0), np.float32(-np.inf))
+    mask = np.where(allowed, np.float16(0), np.float16(-np.inf))  # the input is f16 (ring.py)
     return mask[None, None]
 
 
