@@ -37,6 +37,7 @@ from .api.pipeline_args import (
     scheduler_settings,
 )
 from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
+from .config.decide import cpu_precision
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
 from .errors import NumericError, UsageError
@@ -340,9 +341,12 @@ class LLMPipeline:
     def _numeric_error(self) -> NumericError:
         """NaN / +inf logits, naming only the settings that would keep the values wider."""
         decided, remedies = self._decided, []
+        compute = decided.compute_precision
+        if "CPU" in decided.npuw_devices.upper().split(","):  # NPUW's CPU sub-models
+            compute = cpu_precision(self.core, decided.config)
         if decided.npuw_f16:
             remedies.append("set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs)")
-        if decided.compute_precision != "f32":
+        if compute != "f32":
             remedies.append("compute in f32 with INFERENCE_PRECISION_HINT=f32")
         if decided.kv_precision not in ("f32", None):
             remedies.append("store KV in f32 with kv_precision='f32'")

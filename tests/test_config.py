@@ -228,3 +228,36 @@ def test_decide_settles_every_auto_once():
     assert not stored.window_rings  # the host store keeps every layer's whole past
     text = "\n".join(npu.lines())
     assert "ladders          prefill lean, generate lean" in text and "f16" in text
+
+
+class _BF16Core:
+    """A core whose CPU computes bf16 by default, and no NPU."""
+
+    available_devices = ["CPU"]
+
+    def get_property(self, device: str, name: str):
+        return {"INFERENCE_PRECISION_HINT": "bf16", "OPTIMIZATION_CAPABILITIES": ["BF16", "FP32"]}[
+            name
+        ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "wide", "off"),
+    [
+        ({}, False, False),  # f16 tensors between the sub-graphs
+        ({}, True, True),  # Gemma: f32 tensors between them, bf16 compute
+        ({"kv_precision": "f32"}, False, True),
+        ({"NPUW_F16IC": "NO"}, False, True),
+        ({"kv_precision": "f32", "NPUW_F16IC": "YES"}, False, False),
+        ({"kv_precision": "f32", "INFERENCE_PRECISION_HINT": "f32"}, False, False),
+        ({"kv_precision": "f32", "npuw_devices": "NPU"}, False, False),  # no CPU sub-models
+        ({"kv_precision": "f32", "SNIPPETS_MODE": "ENABLE"}, False, False),  # explicit wins
+        ({"SNIPPETS_MODE": "DISABLE"}, False, True),
+    ],
+)
+def test_cpu_snippets_off_where_npuw_gives_bf16_attention_f32_inputs(kwargs, wide, off):
+    decided = decide(_BF16Core(), PipelineConfig.from_kwargs("NPU", **kwargs), wide)
+    assert decided.cpu_snippets_off is off
+    assert ("CPU snippets off" in "\n".join(decided.lines())) is off
+    cpu = decide(_BF16Core(), PipelineConfig.from_kwargs("CPU", static_models=True, **EXACT_F32))
+    assert not cpu.cpu_snippets_off

@@ -172,3 +172,14 @@ def test_nan_logits_name_only_the_settings_that_would_remove_them(smol_dir, monk
         pipe.generate([1, 2, 3], max_new_tokens=2)
     for setting in ("NPUW_F16IC=NO", "INFERENCE_PRECISION_HINT=f32", "kv_precision='f32'"):
         assert setting in str(caught.value)
+    # on NPU, NPUW's CPU sub-models compute in the CPU's precision (bf16 where it has it)
+    from npuw_kv.config.decide import cpu_precision
+    from npuw_kv.config.pipeline_config import PipelineConfig
+
+    config = PipelineConfig.from_kwargs("NPU")
+    on_npu = replace(pipe._decided, config=config, npuw_devices="CPU")
+    monkeypatch.setattr(pipe, "_decided", on_npu)
+    with pytest.raises(NumericError) as caught:
+        pipe.generate([1, 2, 3], max_new_tokens=2)
+    named = "INFERENCE_PRECISION_HINT=f32" in str(caught.value)
+    assert named is (cpu_precision(pipe.core, config) != "f32")

@@ -152,6 +152,26 @@ def npuw_f16_tensors(config: Settings, wide_activations: bool, stored: str | Non
     return npuw_f16_between_subgraphs(config, wide_activations) and stored != "f32"
 
 
+def cpu_snippets_off(core: ov.Core, config: Settings, devices: str, f16_between: bool) -> bool:
+    """Whether NPUW's CPU sub-models compile without the CPU plugin's snippets
+    (``SNIPPETS_MODE=DISABLE`` on the pipeline's core): where they compute in bf16 and take f32
+    tensors from the sub-graph before (``NPUW_F16IC`` off).  The plugin's fused bf16 attention
+    (OpenVINO 2026.4) then reads an f32 mask input of one row (``[1, 1, 1, S]``, every generate
+    step) wrong for some head and past sizes: NaN in a test graph, wrong tokens from the first
+    step on the tiny Gemma 2 and Phi-2 (docs/npuw-notes.md).  With f16 tensors between the
+    sub-graphs, or f32 compute, it is right; without snippets the step costs more time (Gemma 3
+    270M, 1000-token prompt: decode +13 %, TTFT +5 %; f32 compute would be 2.9x the TTFT).
+    An explicit ``SNIPPETS_MODE`` is set on the core as given."""
+    if "CPU" not in devices.upper().split(","):
+        return False
+    given = config.compile_properties.get("SNIPPETS_MODE")
+    if given is not None:
+        return str(given).upper() == "DISABLE"
+    if f16_between:
+        return False
+    return cpu_precision(core, config) == "bf16"
+
+
 def paged_kv_precision(config: Settings) -> str | None:
     """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
 
@@ -178,6 +198,11 @@ def compute_precision(core: ov.Core, config: Settings) -> str:
     """What the device computes K/V in: "bf16", "f16" or "f32" (the hint, if it can be met)."""
     if config.device != "CPU":
         return "f32"
+    return cpu_precision(core, config)
+
+
+def cpu_precision(core: ov.Core, config: Settings) -> str:
+    """What the CPU plugin computes in under ``config``'s hint (on NPU: NPUW's CPU sub-models)."""
     hint = config.compile_properties.get("INFERENCE_PRECISION_HINT")
     if hint is None:
         hint = core.get_property("CPU", "INFERENCE_PRECISION_HINT")
@@ -236,6 +261,7 @@ class Decided(Generic[C]):
     static_models: bool  # static models per phase, or one dynamic model (static path)
     npuw_devices: str  # the NPUW_DEVICES the models get ("" off NPU)
     npuw_f16: bool  # NPUW passes f16 tensors between its sub-graphs (NPUW_F16IC)
+    cpu_snippets_off: bool  # NPUW's CPU sub-models without the CPU plugin's snippets
     compute_precision: str  # what the device computes K/V in
     kv_precision: str | None  # what KV is stored in; None: the paged plugin's own default
     v_transposed: bool  # the static models store V as [1, H, D, S]
@@ -271,7 +297,8 @@ class Decided(Generic[C]):
             ]
         if self.npuw_devices:
             f16 = "f16" if self.npuw_f16 else "f32"
-            out.append(f"NPUW devices     {self.npuw_devices} ({f16} between sub-graphs)")
+            snippets = "; CPU snippets off: bf16 attention on f32 inputs" * self.cpu_snippets_off
+            out.append(f"NPUW devices     {self.npuw_devices} ({f16} between sub-graphs{snippets})")
         out.append(f"window KV        {'rings' if self.window_rings else 'whole past'}")
         return out
 
@@ -287,12 +314,14 @@ def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[
         if is_paged
         else kv_precision(core, config, wide_activations, compute)
     )
+    f16_between = npuw_f16_tensors(config, wide_activations, stored)
     return Decided(
         config,
         is_paged,
         static_models(config),
         devices,
-        npuw_f16_tensors(config, wide_activations, stored),
+        f16_between,
+        cpu_snippets_off(core, config, devices, f16_between),
         compute,
         stored,
         v_transposed(config, devices),

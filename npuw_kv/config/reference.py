@@ -205,7 +205,10 @@ def settings_markdown() -> str:
         + ", ".join(f"`{p}`" for p in PASSTHROUGH)
         + ", and every name starting with "
         + " or ".join(f"`{p}`" for p in PASSTHROUGH_PREFIXES)
-        + " that is not an alias above. Any other name is refused.",
+        + " that is not an alias above. Any other name is refused. On NPU, `SNIPPETS_MODE` "
+        "goes to the CPU plugin of the pipeline's core, where NPUW compiles its CPU sub-models "
+        "(by default `DISABLE` where they compute in bf16 with f32 tensors between sub-graphs: "
+        "[npuw-notes](npuw-notes.md#npuw-on-the-cpu-bf16-attention-on-f32-inputs)).",
         "",
         f"`npuw_kv.config.EXACT_F32` ({exact}; `--exact` on the command line) turns off the "
         "CPU's bf16 compute and int8 dynamic quantization, for bit-for-bit comparisons against "

@@ -84,7 +84,8 @@ def _head_target(
     function and f32 tensors between them).
     """
     if device == "NPU" and props.get("NPUW_DEVICES") != "CPU":
-        return device, {**props, "NPUW_FUNCALL_FOR_ALL": "NO", **config.compile_properties}
+        given = {k: v for k, v in config.compile_properties.items() if k in props}
+        return device, {**props, "NPUW_FUNCALL_FOR_ALL": "NO", **given}
     cpu = {k: v for k, v in config.compile_properties.items() if not k.upper().startswith("NPU")}
     if config.num_threads:
         cpu["INFERENCE_NUM_THREADS"] = config.num_threads
@@ -103,6 +104,10 @@ def compile_requests(
     the model family NPUW must not partition (:func:`~npuw_kv.model.source.npuw_unpartitioned`)."""
     config = decided.config
     device, props = device_properties(decided)
+    if decided.npuw_devices:  # NPUW compiles its CPU sub-models through this core
+        given = config.compile_properties.get("SNIPPETS_MODE")
+        if given is not None or decided.cpu_snippets_off:
+            core.set_property("CPU", {"SNIPPETS_MODE": given or "DISABLE"})
     if decided.static_models:
         split = _split(model, layout, config)
         # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and

@@ -49,6 +49,8 @@ def device_properties(decided: Decided[PipelineConfig]) -> tuple[str, dict[str, 
     if config.num_threads and config.device == "CPU":
         props["INFERENCE_NUM_THREADS"] = config.num_threads
     props.update(config.compile_properties)
+    if config.device == "NPU":  # a CPU plugin setting: on the core (compile.compile_requests)
+        props.pop("SNIPPETS_MODE", None)
     return config.device, props
 
 
