@@ -17,7 +17,7 @@ Usage::
 
     python models/make_tiny_optimum_ir.py OUT_DIR [--seed 0 --std 0.1 --layers 2 --hidden 64 \
         --heads 4 --kv-heads 2 --intermediate 128 --sliding-window 16 \
-        --arch llama|mistral|qwen2|granite|olmo2|gpt_neox]
+        --arch llama|mistral|qwen2|granite|olmo2|gpt_neox|...]
 
 ``OUT_DIR`` gets openvino_model.xml/.bin (stateful: inputs input_ids, attention_mask,
 position_ids, beam_idx; KV cache in ReadValue/Assign), openvino_tokenizer.xml,
@@ -122,12 +122,11 @@ def make_tiny_optimum_ir(
     hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
     ``logits_scaling`` after the head) for a model that changes its logits after the head;
     ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm``, ``starcoder2``, ``falcon``,
-    ``gpt2`` and ``glm4`` for the
-    family matrix (tests/test_families.py); ``qwen2.5`` (Qwen2 with every layer full).
-    Phi-2 (tracing fails) and Gemma 3 (optimum-intel 2.2 refuses transformers above 5.0 for
-    it) do not export with the transformers here.  ``vocab``: rows of the embedding and head
-    beyond the tokenizer's (a stand-in of a model with a larger vocabulary; ids past the
-    tokenizer's decode to nothing).
+    ``gpt2``, ``glm4``, ``phi`` (Phi-2) and ``gemma2`` for the family matrix
+    (tests/test_families.py); ``qwen2.5`` (Qwen2 with every layer full). ``gemma3`` exports
+    only with transformers <= 5.0 (optimum-intel 2.2's cap; Gemma 3 runs from its GGUF).
+    ``vocab``: rows of the embedding and head beyond the tokenizer's (a stand-in of a model
+    with a larger vocabulary; ids past the tokenizer's decode to nothing).
 
     The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
     ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
@@ -169,7 +168,7 @@ def make_tiny_optimum_ir(
     model.generation_config.do_sample = False
     model.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
-    export_hf_dir(hf_dir, out)
+    export_hf_dir(hf_dir, out, lift_version_cap=arch in UNCAPPED)
     if not keep_hf:
         shutil.rmtree(hf_dir)
     return out
@@ -240,8 +239,13 @@ def _starcoder2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, 
 
 
 def _phi(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
-    # Phi-2's form: attention and MLP side by side, partial rotary, a biased untied head
-    extra = {"partial_rotary_factor": 0.5, "tie_word_embeddings": False}
+    # Phi-2's form: attention and MLP side by side, partial rotary, a biased untied head;
+    # multi-head attention like Phi-2 (optimum-intel sizes its past KV by the query heads)
+    extra = {
+        "partial_rotary_factor": 0.5,
+        "tie_word_embeddings": False,
+        "num_key_value_heads": None,
+    }
     return transformers.PhiConfig, transformers.PhiForCausalLM, extra
 
 
@@ -268,6 +272,20 @@ def _glm4(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[s
     return transformers.Glm4Config, transformers.Glm4ForCausalLM, extra
 
 
+def _gemma2(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # sliding-window and full layers, logits soft-capped after the head (tanh(x / cap) * cap;
+    # a cap of 5, not Gemma 2's 30, so it bends a tiny model's logits) and in attention
+    kinds = ["sliding_attention", "full_attention"] * layers
+    extra = {
+        "head_dim": 16,
+        "sliding_window": window,
+        "layer_types": kinds[:layers],
+        "final_logit_softcapping": 5.0,
+        "attn_logit_softcapping": 50.0,
+    }
+    return transformers.Gemma2Config, transformers.Gemma2ForCausalLM, extra
+
+
 def _gemma3(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
     # sliding-window and full layers, q/k norms, scaled embeddings, GELU-tanh gate
     kinds = ["sliding_attention", "full_attention"] * layers
@@ -292,24 +310,39 @@ ARCHS = {
     "falcon": _falcon,
     "gpt2": _gpt2,
     "glm4": _glm4,
+    "gemma2": _gemma2,
     "gemma3": _gemma3,
 }
 
 
-def export_hf_dir(hf_dir: Path, out: Path) -> None:
+# optimum-intel 2.2 caps its Gemma export configs (Gemma 2 and 3 inherit the cap) at
+# transformers 5.0, the version it was checked with; the tiny Gemma 2 exports right beyond it
+# (tests/test_families.py checks its tokens against the torch model's), so its export lifts
+# the cap for the one call
+UNCAPPED = {"gemma2"}
+
+
+def export_hf_dir(hf_dir: Path, out: Path, *, lift_version_cap: bool = False) -> None:
     """``optimum-cli export openvino --task text-generation-with-past --weight-format fp16``."""
     ov_export = _require("optimum.exporters.openvino")
     ov_intel = _require("optimum.intel")
-    ov_export.main_export(
-        model_name_or_path=str(hf_dir),
-        output=out,
-        task="text-generation-with-past",
-        ov_config=ov_intel.OVConfig(dtype="fp16"),
-        stateful=True,
-        convert_tokenizer=True,
-        library_name="transformers",
-        local_files_only=True,
-    )
+    capped = _require("optimum.exporters.openvino.model_configs").GemmaOpenVINOConfig
+    cap = capped.MAX_TRANSFORMERS_VERSION
+    if lift_version_cap:
+        capped.MAX_TRANSFORMERS_VERSION = None
+    try:
+        ov_export.main_export(
+            model_name_or_path=str(hf_dir),
+            output=out,
+            task="text-generation-with-past",
+            ov_config=ov_intel.OVConfig(dtype="fp16"),
+            stateful=True,
+            convert_tokenizer=True,
+            library_name="transformers",
+            local_files_only=True,
+        )
+    finally:
+        capped.MAX_TRANSFORMERS_VERSION = cap
 
 
 def main(argv: list[str] | None = None) -> None:
