@@ -175,8 +175,9 @@ def cpu_snippets_off(core: ov.Core, config: Settings, devices: str, f16_between:
 def paged_kv_precision(config: Settings) -> str | None:
     """The ``KV_CACHE_PRECISION`` to ask of a PagedAttention compile, or None for the plugin's.
 
-    ``auto`` leaves the plugin's default (u8 blocks on CPU, as openvino-genai runs), except
-    under an explicit f32 compute hint: asking for exact compute means exact KV too.
+    ``auto`` leaves it to the plugin, as openvino-genai's pipeline does: the IR's runtime
+    option (f16 in optimum-intel's exports), else its default (u8 blocks on CPU); except under
+    an explicit f32 compute hint: asking for exact compute means exact KV too.
     """
     if config.kv_precision != "auto":
         return config.kv_precision
@@ -277,7 +278,7 @@ class Decided(Generic[C]):
 
     def lines(self) -> list[str]:
         """What ``npuw-kv inspect`` prints of the decisions."""
-        kv = self.kv_precision or "the plugin's default (u8 on CPU)"
+        kv = self.kv_precision or "the IR's runtime option, else the plugin's default (u8 on CPU)"
         out = [
             "backend          " + ("pa (PagedAttention)" if self.paged else "sdpa (static shapes)"),
             f"compute          {self.compute_precision}",

@@ -9,7 +9,7 @@ from typing import Any
 import openvino as ov
 
 from ..config import decide
-from ..config.decide import Decided, type_name
+from ..config.decide import Decided
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
 from ..errors import CompileError, ModelLayoutError, UsageError, last_line
@@ -336,10 +336,9 @@ def compile_paged(
                 f"'pa', which stores KV as one of {sorted(allowed)}; use attention_backend="
                 "'sdpa' for any KV precision"
             )
-    if precision is None:  # auto: the plugin's own default, which genai's pipeline runs with
-        precision = type_name(core.get_property(device, "KV_CACHE_PRECISION"))
-    # named even for the plugin's own default: an IR's runtime options (optimum-intel writes
-    # KV_CACHE_PRECISION=f16 into its exports) would otherwise decide instead (bf16 blocks
-    # under bf16 compute, twice the bytes of genai's u8 ones on the same IR)
-    props = {**props, "KV_CACHE_PRECISION": precision}
+    # auto (None) passes nothing: the plugin then takes the IR's runtime option (optimum-intel
+    # writes KV_CACHE_PRECISION=f16 into its exports) or its own default (u8 on CPU), as it does
+    # for genai's pipeline on the same IR; a precision given is named, and wins over the IR's
+    if precision is not None:
+        props = {**props, "KV_CACHE_PRECISION": precision}
     return core.compile_model(model, device, props).create_infer_request()
