@@ -107,6 +107,9 @@ def test_npu_properties_share_weights_and_keep_f32_exact():
 
     default, other = props("NPU"), props("NPU")
     assert default["NPUW_FOLD"] == "YES"
+    assert default["NPUW_DQ"] == "YES" and props("NPU", NPUW_DQ="NO")["NPUW_DQ"] == "NO"
+    # SNIPPETS_MODE is the CPU plugin's: set on the core (compile.py), never given to NPU
+    assert "SNIPPETS_MODE" not in props("NPU", SNIPPETS_MODE="ENABLE")
     # one bank per pipeline: its prefill and generate models share it, other pipelines do not
     assert default["NPUW_WEIGHTS_BANK"] != other["NPUW_WEIGHTS_BANK"]
     assert "NPUW_F16IC" not in default  # NPUW's default (f16 between sub-graphs) unless f32
