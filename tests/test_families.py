@@ -59,7 +59,7 @@ FAMILIES = {
     "gpt2": (0.3, 3),  # learned positions added to the embedding (not cut out), LayerNorm
     "glm4": (0.3, 3),  # rotary on half of each head, post-norms, untied head
     "phi": (0.3, 3),  # Phi-2: attention and MLP side by side, a biased untied head
-    "gemma2": (0.05, 1),  # softcapped logits (tanh) and attention, alternating windows
+    "gemma2": (0.05, 5),  # softcapped logits (tanh) and attention, alternating windows
 }
 
 
