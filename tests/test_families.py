@@ -39,6 +39,8 @@ from make_tiny_gguf import make_tiny_gguf  # noqa: E402
 from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 NEW = 24
+# twelve exports and about seventy pipelines: minutes, so the file starts first (conftest.py)
+pytestmark = pytest.mark.slow(seconds=250)
 PATHS = {
     "CPU/pa": ("CPU", {"attention_backend": "pa", "kv_precision": "f32"}),
     "CPU/sdpa": ("CPU", {"attention_backend": "sdpa"}),
