@@ -37,7 +37,7 @@ from .api.pipeline_args import (
     scheduler_settings,
 )
 from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
-from .config.decide import cpu_precision
+from .config.decide import cpu_precision, npuw_uses_cpu
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
 from .errors import NumericError, UsageError
@@ -342,7 +342,7 @@ class LLMPipeline:
         """NaN / +inf logits, naming only the settings that would keep the values wider."""
         decided, remedies = self._decided, []
         compute = decided.compute_precision
-        if "CPU" in decided.npuw_devices.upper().split(","):  # NPUW's CPU sub-models
+        if npuw_uses_cpu(decided.npuw_devices):  # NPUW's CPU sub-models
             compute = cpu_precision(self.core, decided.config)
         if decided.npuw_f16:
             remedies.append("set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs)")

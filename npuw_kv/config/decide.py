@@ -112,6 +112,11 @@ def on_real_npu(devices: str) -> bool:
     return devices.upper().split(",")[0].strip().split(".")[0] == "NPU"  # NPU, NPU.0, ...
 
 
+def npuw_uses_cpu(devices: str) -> bool:
+    """Whether an ``NPUW_DEVICES`` list lets NPUW run sub-models on the CPU plugin."""
+    return "CPU" in (d.strip() for d in devices.upper().split(","))
+
+
 def v_transposed(config: Settings, npuw_devices: str) -> bool:
     """Whether the static models store V transposed (``optimize_v_tensors``).
 
@@ -162,7 +167,7 @@ def cpu_snippets_off(core: ov.Core, config: Settings, devices: str, f16_between:
     sub-graphs, or f32 compute, it is right; without snippets the step costs more time (Gemma 3
     270M, 1000-token prompt: decode 1.16x, TTFT 1.06x; f32 compute would be 2.8x the TTFT).
     An explicit ``SNIPPETS_MODE`` is set on the core as given."""
-    if "CPU" not in devices.upper().split(","):
+    if not npuw_uses_cpu(devices):
         return False
     given = config.compile_properties.get("SNIPPETS_MODE")
     if given is not None:
