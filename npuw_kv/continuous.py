@@ -1,18 +1,18 @@
-"""``ContinuousBatchingPipeline``: openvino-genai's request-level API over npuw-kv's batch engine.
+"""``ContinuousBatchingPipeline``: openvino-genai's request-level API over npuw-kv's engine.
 
 Requests are added at any time (:meth:`ContinuousBatchingPipeline.add_request`) and each
 :meth:`~ContinuousBatchingPipeline.step` runs one batched model call over every live sequence
-(:class:`~npuw_kv.runtime.paged.batch.BatchEngine`): new requests join between steps, finished
+(:class:`~npuw_kv.runtime.paged.scheduler.Scheduler`): new requests join between steps, finished
 ones leave.  A request's :class:`GenerationHandle` reads its tokens as they come.  It runs on
 the CPU path (PagedAttention) only; beam searches join the batch too, speculative decoding is
-refused by name.
+refused by name.  Like ``LLMPipeline`` it is a face over an :class:`~npuw_kv.engine.Engine`.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +24,10 @@ from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.inputs import MAX_SEQUENCES, Prompt
 from .api.results import finish_reason
+from .engine import Engine
 from .errors import UsageError
 from .generation.beam_search import check_beam_request
-from .generation.session import SequenceRequest, Ticket
-from .pipeline import LLMPipeline
+from .generation.running_batch import SequenceRequest, Ticket
 from .runtime.paged.runner import PagedRunner
 
 Status = openvino_genai.GenerationStatus
@@ -62,52 +62,53 @@ class GenerationHandle:
     (``num_return_sequences`` of them), read as they grow.  A sequence that failed (a
     sampling setting the logits could not take) raises its error from the reads."""
 
-    def __init__(self, request_id: int, pipe: ContinuousBatchingPipeline) -> None:
+    def __init__(self, request_id: int, end: Callable[[GenerationHandle, Any], None]) -> None:
+        """``end(handle, status)``: stop or cancel the request in its pipeline."""
         self.request_id = request_id
-        self._pipe = pipe
-        self._seqs: list[_Sequence] = []
-        self._status = Status.RUNNING
-        self._ticket = Ticket(on_token=self._on_token)
+        self._end = end
+        self.sequences: list[_Sequence] = []
+        self.status = Status.RUNNING
+        self.ticket = Ticket(on_token=self._on_token)
 
     def _on_token(self, engine_handle: int, token: int) -> None:
-        for seq in self._seqs:
+        for seq in self.sequences:
             if seq.engine_handle == engine_handle:
                 seq.output.generated_ids.append(token)
 
     def _sync(self) -> None:
         """Take the outcomes of the sequences that finished in the steps since (a beam
         search's several results become as many sequences)."""
-        if self._status != Status.RUNNING:
+        if self.status != Status.RUNNING:
             return
         seqs: list[_Sequence] = []
-        for seq in self._seqs:
-            outcome = self._ticket.outcomes.get(seq.engine_handle)
+        for seq in self.sequences:
+            outcome = self.ticket.outcomes.get(seq.engine_handle)
             if outcome is None or seq.result is not None:
                 seqs.append(seq)
                 continue
             if isinstance(outcome, Exception):
-                self._pipe._end(self, Status.IGNORED)
+                self._end(self, Status.IGNORED)
                 raise outcome
             for result in outcome if isinstance(outcome, list) else [outcome]:
                 seqs.append(_Sequence(seq.engine_handle, _output(result), result, seq.read_upto))
-        self._seqs = seqs
-        if all(s.result is not None for s in self._seqs):
-            self._status = Status.FINISHED
+        self.sequences = seqs
+        if all(s.result is not None for s in self.sequences):
+            self.status = Status.FINISHED
 
     def get_status(self) -> Any:
         self._sync()
-        return self._status
+        return self.status
 
     def can_read(self) -> bool:
         """True when some sequence has tokens not read yet."""
         self._sync()
-        return any(len(s.output.generated_ids) > s.read_upto for s in self._seqs)
+        return any(len(s.output.generated_ids) > s.read_upto for s in self.sequences)
 
     def read(self) -> dict[int, GenerationOutput]:
         """Each sequence's tokens since the last read, by sequence index."""
         self._sync()
         out = {}
-        for i, seq in enumerate(self._seqs):
+        for i, seq in enumerate(self.sequences):
             new = seq.output.generated_ids[seq.read_upto :]
             if new:
                 logprobs = seq.output.generated_log_probs[seq.read_upto :]
@@ -118,15 +119,15 @@ class GenerationHandle:
     def read_all(self) -> list[GenerationOutput]:
         """Every sequence's whole output (complete once the status is not RUNNING)."""
         self._sync()
-        return [s.output for s in self._seqs]
+        return [s.output for s in self.sequences]
 
     def stop(self) -> None:
         """End the request now, keeping what it generated (status STOP)."""
-        self._pipe._end(self, Status.STOP)
+        self._end(self, Status.STOP)
 
     def cancel(self) -> None:
         """End the request now and drop what it generated (status CANCEL)."""
-        self._pipe._end(self, Status.CANCEL)
+        self._end(self, Status.CANCEL)
 
 
 @dataclass
@@ -146,7 +147,7 @@ class BatchGenerationResult:
 
 class ContinuousBatchingPipeline:
     """genai's ``ContinuousBatchingPipeline(models_path, scheduler_config, device, properties)``
-    over an :class:`~npuw_kv.pipeline.LLMPipeline` on the CPU path."""
+    over an :class:`~npuw_kv.engine.Engine` on the CPU path."""
 
     def __init__(
         self,
@@ -165,44 +166,45 @@ class ContinuousBatchingPipeline:
         settings = {**(properties or {}), **kwargs}
         if scheduler_config is not None:
             settings["scheduler_config"] = scheduler_config
-        self.pipeline = LLMPipeline(models_path, device, **settings)
-        runner = self.pipeline.runner
-        if not isinstance(runner, PagedRunner):
+        self.engine = Engine(models_path, (device,), settings)
+        runner = self.engine.runner
+        if not isinstance(runner, PagedRunner) or self.engine.batch is None:
             raise UsageError(
                 "ContinuousBatchingPipeline runs on the paged path (device CPU, "
                 "attention_backend 'pa'); the static-shape path runs one sequence at a time"
             )
-        if self.pipeline._assisted.mode is not None:
+        if self.engine.assisted.mode is not None:
             raise UsageError(
                 "ContinuousBatchingPipeline does not run speculative decoding (draft_model, "
                 "prompt_lookup): use LLMPipeline, which runs it one sequence at a time"
             )
         self.runner = runner
-        assert self.pipeline._session is not None
-        self.session = self.pipeline._session  # the pipeline's own: its calls join it too
+        # the engine's running batch: the calls of an LLMPipeline over the same engine
+        # (LLMPipeline(engine)) join it too
+        self.batch = self.engine.batch
         self._request_ids = itertools.count(1 << 40)  # generate()'s own requests
 
     # -- genai's accessors -----------------------------------------------------------------------
     def get_tokenizer(self) -> openvino_genai.Tokenizer:
-        return self.pipeline.get_tokenizer()
+        return self.engine.tokenizer
 
     def get_config(self) -> GenerationConfig:
-        return self.pipeline.get_generation_config()
+        return GenerationConfig.build(self.engine.generation_config)
 
     def has_non_finished_requests(self) -> bool:
-        return self.session.busy
+        return self.batch.busy
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request_id: int, prompt: Any, generation_config: Any) -> GenerationHandle:
         """Queue a request: ``prompt`` as text (through the chat template when the config's
         ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
-        pipe = self.pipeline
-        config = pipe._call_config(generation_config, {})
-        alphas = pipe._alphas(config)  # LoRA: an adapter not registered is refused here
+        engine = self.engine
+        config = engine.call_config(generation_config, {})
+        alphas = engine.alphas(config)  # LoRA: an adapter not registered is refused here
         if isinstance(prompt, ov.Tensor):
             ids = np.asarray(prompt.data, np.int64).reshape(-1)
         elif isinstance(prompt, str):
-            ids = pipe._encoder.ids(Prompt(text=prompt), config.apply_chat_template)
+            ids = engine.encoder.ids(Prompt(text=prompt), config.apply_chat_template)
         else:
             raise UsageError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
         if config.num_return_sequences > MAX_SEQUENCES:
@@ -210,8 +212,8 @@ class ContinuousBatchingPipeline:
                 f"num_return_sequences={config.num_return_sequences}: at most {MAX_SEQUENCES} "
                 "per request"
             )
-        handle = GenerationHandle(int(request_id), self)
-        factory = pipe._constraint(config)
+        handle = GenerationHandle(int(request_id), self._end)
+        factory = engine.constraint(config)
         beams = config.num_beams > 1
         if beams:
             check_beam_request(config, None, factory)
@@ -221,28 +223,28 @@ class ContinuousBatchingPipeline:
         ]
         # when the batch starts, its pools are sized for as many requests of this one's size
         # as may run at once
-        self.session.add(
+        self.batch.add(
             sequences,
-            handle._ticket,
-            at_once=self.session.engine.max_num_seqs,
+            handle.ticket,
+            at_once=self.batch.scheduler.max_num_seqs,
             mode=alphas,
         )
-        handle._seqs = [_Sequence(h) for h in handle._ticket.handles]
+        handle.sequences = [_Sequence(h) for h in handle.ticket.handles]
         return handle
 
     def step(self) -> None:
         """One batched model call over every live sequence; their handles grow."""
-        self.session.step()
+        self.batch.step()
 
     def _end(self, handle: GenerationHandle, status: Any) -> None:
         """Stop or cancel ``handle``'s request: its sequences leave the engine now."""
-        if handle._status != Status.RUNNING:
+        if handle.status != Status.RUNNING:
             return
-        self.session.drop([s.engine_handle for s in handle._seqs if s.result is None])
+        self.batch.drop([s.engine_handle for s in handle.sequences if s.result is None])
         if status == Status.CANCEL:
-            for seq in handle._seqs:
+            for seq in handle.sequences:
                 seq.output = GenerationOutput()
-        handle._status = status
+        handle.status = status
 
     def generate(
         self, prompts: Sequence[Any], generation_config: Any, streamer: Any = None
@@ -276,7 +278,7 @@ class ContinuousBatchingPipeline:
             self.step()
         out = []
         for handle, prompt in zip(handles, prompts, strict=True):
-            results = [s.result for s in handle._seqs if s.result is not None]
+            results = [s.result for s in handle.sequences if s.result is not None]
             ids: list[Any] = (
                 [r.genai_tokens for r in results]
                 if isinstance(prompt, ov.Tensor)
@@ -284,7 +286,7 @@ class ContinuousBatchingPipeline:
             )
             out.append(
                 BatchGenerationResult(
-                    handle.request_id, ids, [r.score for r in results], handle._status, results
+                    handle.request_id, ids, [r.score for r in results], handle.status, results
                 )
             )
         return out

@@ -24,11 +24,12 @@ import openvino.opset13 as ops
 
 from npuw_kv.config.decide import decide
 from npuw_kv.config.pipeline_config import PipelineConfig
-from npuw_kv.model.source import read_ir, resolve_model, wide_activations
+from npuw_kv.model.families import wide_activations
+from npuw_kv.model.source import read_ir, resolve_model
 from npuw_kv.model.split import split_model
 from npuw_kv.model.variants import prepare, static_ladder
-from npuw_kv.runtime.compile import shapes_for
 from npuw_kv.runtime.device import device_properties
+from npuw_kv.runtime.shapes import shapes_for
 from npuw_kv.tools.bench_worker import status_mb
 
 

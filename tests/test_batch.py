@@ -1,4 +1,4 @@
-"""Several sequences in batched steps on the paged path (runtime/paged/batch.py): each gets
+"""Several sequences in batched steps on the paged path (runtime/paged/scheduler.py): each gets
 exactly the tokens it gets alone (exact f32), whatever runs beside it, when it arrives or
 leaves, and when the KV pools are too small for all of them at once (preemption)."""
 
@@ -13,10 +13,10 @@ from conftest import make_pipe
 from npuw_kv import LLMPipeline
 from npuw_kv.api.generation_config import GenerationConfig
 from npuw_kv.config import EXACT_F32
-from npuw_kv.generation.batch import generate_batch
 from npuw_kv.generation.decode import generate_sequences
-from npuw_kv.runtime.paged.batch import BatchEngine
+from npuw_kv.generation.token_loops import generate_batch
 from npuw_kv.runtime.paged.runner import PagedRunner
+from npuw_kv.runtime.paged.scheduler import Scheduler
 
 PA_F32 = {"attention_backend": "pa", "kv_precision": "f32"}
 
@@ -56,14 +56,14 @@ def test_each_prompt_its_own_budget_and_sampled_sequences_batched(f32_pipe, text
     prompts = _prompts(text_ids, [40, 260, 9])
     budgets = [3, 17, 9]
     configs = [GenerationConfig(max_new_tokens=n, ignore_eos=True) for n in budgets]
-    nested = generate_batch(BatchEngine(runner, 8), f32_pipe.tokenizer, prompts, configs)
+    nested = generate_batch(Scheduler(runner, 8), f32_pipe.tokenizer, prompts, configs)
     for ids, n, results in zip(prompts, budgets, nested, strict=True):
         assert [list(r.tokens) for r in results] == [_alone(f32_pipe, ids, n)]
     # sampled: several sequences of one prompt, reproducible from the seed
     sampled = dict(do_sample=True, top_k=20, rng_seed=7, num_return_sequences=3)
     config = GenerationConfig(max_new_tokens=8, ignore_eos=True, **sampled)
-    first = generate_batch(BatchEngine(runner, 8), f32_pipe.tokenizer, prompts[:1], [config])
-    again = generate_batch(BatchEngine(runner, 8), f32_pipe.tokenizer, prompts[:1], [config])
+    first = generate_batch(Scheduler(runner, 8), f32_pipe.tokenizer, prompts[:1], [config])
+    again = generate_batch(Scheduler(runner, 8), f32_pipe.tokenizer, prompts[:1], [config])
     tokens = [list(r.tokens) for r in first[0]]
     assert tokens == [list(r.tokens) for r in again[0]] and len(tokens) == 3
     assert len({tuple(t) for t in tokens}) > 1  # three samples, not one repeated
@@ -102,7 +102,7 @@ def test_random_arrivals_lengths_and_cancellations_against_each_alone(f32_pipe, 
     invariants hold after every step."""
     rng = random.Random(seed)
     runner = f32_pipe.runner
-    engine = BatchEngine(runner, max_num_seqs=rng.choice([3, 5]), max_batched_tokens=300)
+    engine = Scheduler(runner, max_num_seqs=rng.choice([3, 5]), max_batched_tokens=300)
     lengths = [rng.randint(1, 400) for _ in range(8)]
     prompts = _prompts(text_ids, lengths)
     budgets = [rng.randint(1, 20) for _ in prompts]
@@ -138,7 +138,7 @@ def test_random_arrivals_lengths_and_cancellations_against_each_alone(f32_pipe, 
 
 
 def test_a_prompt_over_max_prompt_len_fails_alone_before_the_batch(f32_pipe, text_ids):
-    engine = BatchEngine(f32_pipe.runner, 4)
+    engine = Scheduler(f32_pipe.runner, 4)
     with pytest.raises(ValueError, match="MAX_PROMPT_LEN"):
         engine.submit([1] * (f32_pipe.runner.max_prompt_len + 1))
     assert not engine.busy
@@ -249,9 +249,9 @@ def test_eight_threads_join_one_batch_and_failures_stay_their_own(smol_dir, text
     assert not any(t.is_alive() for t in threads)
     assert got == dict(enumerate(want))
     assert "MAX_PROMPT_LEN" in str(errors["long"]) and "streamer broke" in str(errors["streamer"])
-    session = pipe._session
-    assert session is not None and session.engine.peak_batch > 1  # they ran together
-    assert not session.busy and not pipe.runner.blocks.sequence_ids
+    batch = pipe.engine.batch
+    assert batch is not None and batch.scheduler.stats.peak_batch > 1  # they ran together
+    assert not batch.busy and not pipe.runner.blocks.sequence_ids
     assert _alone(pipe, prompts[0], 5) == want[0][:5]
 
 

@@ -54,7 +54,9 @@ def layout() -> KVLayout:
 
 def test_refused_roi_views_fall_back_to_contiguous_binding():
     prefill, generate = StridedRefusingRequest(), StridedRefusingRequest()
-    requests = Requests(prefill, generate, shared_weights=False, device_properties={})
+    requests = Requests(
+        prefill=prefill, generate=generate, shared_weights=False, device_properties={}
+    )
     with pytest.warns(RuntimeWarning, match="kv_binding='contiguous'"):
         runner = StaticRunner(requests, layout(), StaticShapes(4, 8, 12), kv_binding="roi")
     assert runner.kv_binding == "contiguous"
@@ -80,6 +82,8 @@ def test_refused_roi_views_fall_back_to_contiguous_binding():
 
 def test_copy_binding_never_binds_views():
     prefill, generate = StridedRefusingRequest(), StridedRefusingRequest()
-    requests = Requests(prefill, generate, shared_weights=False, device_properties={})
+    requests = Requests(
+        prefill=prefill, generate=generate, shared_weights=False, device_properties={}
+    )
     runner = StaticRunner(requests, layout(), StaticShapes(4, 8, 12), kv_binding="copy")
     assert runner.kv_binding == "copy" and len(prefill.inputs) == 2 and len(generate.outputs) == 2

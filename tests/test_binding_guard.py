@@ -26,7 +26,7 @@ from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.model.source import resolve_model
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
-from npuw_kv.runtime.compile import shapes_for
+from npuw_kv.runtime.shapes import shapes_for
 from npuw_kv.runtime.static.binding import BoundPort, KVBinding
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -47,7 +47,15 @@ def bind(heads: int, mode: str, past: int, new: int, capacity: int = 12):
         buf[...] = np.arange(buf.size, dtype=np.float32).reshape(buf.shape) + 1000 * i
     request, counter = RecordingRequest(), CopyCounter()
     ports = [BoundPort("k", 0), BoundPort("v", 1)]
-    binding = KVBinding(request, ports, cache, past, new, mode, counter)  # type: ignore[arg-type]
+    binding = KVBinding(
+        request,  # type: ignore[arg-type]
+        ports,
+        cache,
+        past_len=past,
+        new_tokens=new,
+        mode=mode,
+        counter=counter,
+    )
     return binding, request, cache, counter
 
 

@@ -190,7 +190,7 @@ def test_the_paged_path_cache_size_can_be_given_by_name():
     ],
 )
 def test_wide_activations_from_the_model_type(tmp_path, config, wide):
-    from npuw_kv.model.source import wide_activations
+    from npuw_kv.model.families import wide_activations
 
     if config is not None:
         (tmp_path / "config.json").write_text(json.dumps(config))

@@ -166,8 +166,9 @@ def test_nan_logits_name_only_the_settings_that_would_remove_them(smol_dir, monk
     with pytest.raises(NumericError, match="no precision setting removes it") as caught:
         pipe.generate([1, 2, 3], max_new_tokens=2)
     assert "NPUW_F16IC" not in str(caught.value)
-    narrow = replace(pipe._decided, compute_precision="bf16", kv_precision="u8", npuw_f16=True)
-    monkeypatch.setattr(pipe, "_decided", narrow)
+    decided = pipe.engine.decided
+    narrow = replace(decided, compute_precision="bf16", kv_precision="u8", npuw_f16=True)
+    monkeypatch.setattr(pipe.engine, "decided", narrow)
     with pytest.raises(NumericError) as caught:
         pipe.generate([1, 2, 3], max_new_tokens=2)
     for setting in ("NPUW_F16IC=NO", "INFERENCE_PRECISION_HINT=f32", "kv_precision='f32'"):
@@ -177,8 +178,8 @@ def test_nan_logits_name_only_the_settings_that_would_remove_them(smol_dir, monk
     from npuw_kv.config.pipeline_config import PipelineConfig
 
     config = PipelineConfig.from_kwargs("NPU")
-    on_npu = replace(pipe._decided, config=config, npuw_devices="CPU")
-    monkeypatch.setattr(pipe, "_decided", on_npu)
+    on_npu = replace(pipe.engine.decided, config=config, npuw_devices="CPU")
+    monkeypatch.setattr(pipe.engine, "decided", on_npu)
     with pytest.raises(NumericError) as caught:
         pipe.generate([1, 2, 3], max_new_tokens=2)
     named = "INFERENCE_PRECISION_HINT=f32" in str(caught.value)

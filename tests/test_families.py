@@ -201,12 +201,12 @@ def test_snippets_mode_on_npu_goes_to_the_cpu_plugin(family_dir, monkeypatch):
 
     monkeypatch.setattr(ov.Core, "set_property", record)
     wide = LLMPipeline(family_dir, "NPU", max_prompt_len=512, kv_precision="f32")
-    assert seen == ([{"SNIPPETS_MODE": "DISABLE"}] if wide._decided.cpu_snippets_off else [])
+    assert seen == ([{"SNIPPETS_MODE": "DISABLE"}] if wide.engine.decided.cpu_snippets_off else [])
     seen.clear()
     given = LLMPipeline(
         family_dir, "NPU", max_prompt_len=512, kv_precision="f32", SNIPPETS_MODE="ENABLE"
     )
-    assert seen == [{"SNIPPETS_MODE": "ENABLE"}] and not given._decided.cpu_snippets_off
+    assert seen == [{"SNIPPETS_MODE": "ENABLE"}] and not given.engine.decided.cpu_snippets_off
     assert len(given.generate([5, 6, 7], max_new_tokens=2, ignore_eos=True).tokens) == 2
 
 

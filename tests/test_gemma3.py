@@ -21,7 +21,8 @@ import pytest
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelSourceError
 from npuw_kv.model import gemma3
-from npuw_kv.model.source import declared_window, read_ir, resolve_model, trained_context
+from npuw_kv.model.families import declared_window, trained_context
+from npuw_kv.model.source import read_ir, resolve_model
 from npuw_kv.model.variants import prepare
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.tools.prompts import prompt_ids
@@ -185,7 +186,7 @@ def test_npu_defaults_keep_f32_between_sub_graphs(gemma_dir: Path, long_prompt) 
     """Gemma's hidden state leaves the f16 range: with NPUW's f16 tensors between sub-graphs
     (its default, NPUW_F16IC) every logit of this prompt is NaN, so the NPU path turns them
     off for Gemma models, unless set explicitly."""
-    from npuw_kv.model.source import wide_activations
+    from npuw_kv.model.families import wide_activations
 
     assert wide_activations(gemma_dir)
     pipe = LLMPipeline(gemma_dir, "NPU", max_prompt_len=1024, min_response_len=8)
@@ -257,11 +258,11 @@ def test_beams_past_the_window_are_genais_and_share_steps_with_other_requests(
     while cb.has_non_finished_requests():
         cb.step()
     ours = beams.read_all()
-    assert cb.session.engine.peak_batch >= 4  # three beams and the greedy request at once
+    assert cb.batch.scheduler.stats.peak_batch >= 4  # three beams and the greedy request at once
     genai = openvino_genai.LLMPipeline(str(gemma_dir), "CPU", KV_CACHE_PRECISION="f32", **EXACT_F32)
     theirs = genai.generate(ov.Tensor(prompt[None]), config)
     assert [list(o.generated_ids) for o in ours] == [list(t) for t in theirs.tokens]
     assert [o.score for o in ours] == pytest.approx(list(theirs.scores), abs=1e-5)
-    alone = cb.pipeline.generate([int(t) for t in long_prompt[100:650]], greedy)
+    alone = LLMPipeline(cb.engine).generate([int(t) for t in long_prompt[100:650]], greedy)
     assert other.read_all()[0].generated_ids == list(alone.tokens)
-    cb.pipeline.runner.blocks.check_invariants()
+    cb.runner.blocks.check_invariants()

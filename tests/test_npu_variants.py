@@ -15,7 +15,7 @@ from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.shapes import StaticShapes
 from npuw_kv.pipeline import LLMPipeline
-from npuw_kv.runtime.compile import shapes_for
+from npuw_kv.runtime.shapes import shapes_for
 
 C = 16
 # NPUW's default partitioning cannot run these tiny graphs (see test_tiny_model.py)

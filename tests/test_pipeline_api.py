@@ -133,7 +133,7 @@ def test_long_chat_drops_the_oldest_exchanges_to_fit(pipe):
             ],
             *history[1:],
         ]
-        size = pipe._encoder.messages([*one_more, {"role": "user", "content": message}]).size
+        size = pipe.engine.encoder.messages([*one_more, {"role": "user", "content": message}]).size
         assert size > limit // 2
         assert pipe.generate(message, max_new_tokens=4).tokens
         assert pipe.fit_chat_history("And the one before?") == 0  # room left: nothing dropped

@@ -131,7 +131,7 @@ def test_a_long_chat_keeps_reusing_its_cache(smol_dir):
 def test_an_absurd_length_is_refused_before_compiling(smol_dir, device, monkeypatch):
     """A model that declares no trained context cannot cap MAX_PROMPT_LEN: the KV it would need
     is checked before static shapes of that length reach the compiler."""
-    monkeypatch.setattr("npuw_kv.pipeline.trained_context", lambda model_dir: None)
+    monkeypatch.setattr("npuw_kv.engine.trained_context", lambda model_dir: None)
     monkeypatch.setattr(
         "npuw_kv.runtime.build.compile_requests", lambda *a: pytest.fail("compiled first")
     )

@@ -20,7 +20,7 @@ from npuw_kv.cli.describe import describe
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
 from npuw_kv.model import window
-from npuw_kv.model.source import declared_window
+from npuw_kv.model.families import declared_window
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime.static import runner as static_runner
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from npuw_kv.config.settings import EXACT_F32
-from npuw_kv.model.source import SOURCE_INFO, resolve_model, trained_context
+from npuw_kv.model.families import trained_context
+from npuw_kv.model.source import SOURCE_INFO, resolve_model
 from npuw_kv.pipeline import LLMPipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

@@ -31,7 +31,8 @@ from npuw_kv.model.source import read_ir, resolve_model
 from npuw_kv.model.variants import Ladder, prepare, static_ladder
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime import build
-from npuw_kv.runtime.compile import check_value_layouts, shapes_for
+from npuw_kv.runtime.compile import check_value_layouts
+from npuw_kv.runtime.shapes import shapes_for
 from npuw_kv.runtime.static.binding import BoundPort, KVBinding
 from npuw_kv.runtime.static.prefix_store import HostPrefixCache
 
@@ -201,7 +202,15 @@ def test_contiguous_guard_stages_every_transposed_v_slot_range():
     ports = [BoundPort("k", 0), BoundPort("v", 1, seq_axis=3)]
     assert not cache.view("v", 0, 6).is_continuous() and cache.view("k", 0, 6).is_continuous()
     request, counter = RecordingRequest(), CopyCounter()
-    binding = KVBinding(request, ports, cache, 6, 2, "contiguous", counter)  # type: ignore[arg-type]
+    binding = KVBinding(
+        request,  # type: ignore[arg-type]
+        ports,
+        cache,
+        past_len=6,
+        new_tokens=2,
+        mode="contiguous",
+        counter=counter,
+    )
     assert binding.past_paths == {"k": "direct", "v": "staged"}
     assert list(request.inputs["v"].shape) == [1, 1, 4, 6]
     cache.rows("v", 0, 6)[...] = np.arange(24, dtype=np.float32).reshape(1, 1, 4, 6)
@@ -215,7 +224,15 @@ def test_contiguous_guard_stages_every_transposed_v_slot_range():
     np.testing.assert_array_equal(cache.buffers["v"][:, :, :, 6:8], written)
     assert counter.bytes == 6 * 4 * 4 + 2 * 4 * 4
     assert (binding.outputs_direct, binding.outputs_staged) == (1, 1)
-    whole = KVBinding(RecordingRequest(), ports, cache, 12, 1, "contiguous", counter)  # type: ignore[arg-type]
+    whole = KVBinding(
+        RecordingRequest(),  # type: ignore[arg-type]
+        ports,
+        cache,
+        past_len=12,
+        new_tokens=1,
+        mode="contiguous",
+        counter=counter,
+    )
     assert whole.past_paths == {"k": "direct", "v": "direct"}  # the generate past: in place
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
+from ..config.decide import scheduled_attention
 from ..config.pipeline_config import PipelineConfig
 from ..errors import UsageError
 from ..model.source import resolve_model
@@ -127,10 +128,8 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
             f"scheduler_config must be an openvino_genai.SchedulerConfig, got {scheduler!r}"
         )
     base = user = PipelineConfig.from_kwargs(device, **settings)
-    if base.attention_backend == "auto" and base.device == "CPU" and not base.paged:
-        # a scheduler means PagedAttention; a KV precision its kernel cannot store with the
-        # compute precision is then refused when compiling, naming both settings
-        settings = {**settings, "attention_backend": "pa"}
+    if base.attention_backend != scheduled_attention(base) and not base.paged:
+        settings = {**settings, "attention_backend": scheduled_attention(base)}
         base = user = PipelineConfig.from_kwargs(device, **settings)
     if not base.paged:
         raise UsageError(

@@ -106,7 +106,7 @@ class SDPerfMetrics(PerfMetrics):
     def __add__(self, other: PerfMetrics) -> SDPerfMetrics:
         if not isinstance(other, SDPerfMetrics):
             return NotImplemented
-        return SDPerfMetrics._of(self._sum(other), self.segments + other.segments)
+        return self._of(self._sum(other), self.segments + other.segments)
 
 
 class SDPerModelsPerfMetrics(PerfMetrics):

@@ -9,15 +9,10 @@ import openvino as ov
 from ..config.decide import decide
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import STORE_BLOCK_TOKENS
-from ..model.source import (
-    declared_window,
-    read_ir,
-    resolve_model,
-    trained_context,
-    wide_activations,
-)
+from ..model.families import declared_window, trained_context, wide_activations
+from ..model.source import read_ir, resolve_model
 from ..model.variants import prepare
-from ..runtime.compile import static_shapes
+from ..runtime.shapes import static_shapes
 
 
 def describe(model: str | None, device: str = "CPU", **config: Any) -> str:

@@ -79,6 +79,16 @@ def paged(config: Settings) -> bool:
     )
 
 
+def scheduled_attention(config: Settings) -> str:
+    """The attention backend when genai's ``SchedulerConfig`` is given: a scheduler means
+    PagedAttention, so ``auto`` on CPU is ``pa`` even where a setting would keep it static (a
+    KV precision its kernel cannot store with the compute precision is then refused when
+    compiling, naming both settings); any other choice stays as given."""
+    if config.attention_backend == "auto" and config.device == "CPU":
+        return "pa"
+    return config.attention_backend
+
+
 def static_models(config: Settings) -> bool:
     """Two static models (NPUW's way, and the only one on NPU) or one dynamic model (CPU)."""
     return config.static_models if config.static_models is not None else config.device != "CPU"
@@ -164,8 +174,8 @@ def cpu_snippets_off(core: ov.Core, config: Settings, devices: str, f16_between:
     (OpenVINO 2026.4) then reads an f32 mask input of one row (``[1, 1, 1, S]``, every generate
     step) wrong for some head and past sizes: NaN in a test graph, wrong tokens from the first
     step on the tiny Gemma 2 and Phi-2 (docs/npuw-notes.md).  With f16 tensors between the
-    sub-graphs, or f32 compute, it is right; without snippets the step costs more time (Gemma 3
-    270M, 1000-token prompt: decode 1.16x, TTFT 1.06x; f32 compute would be 2.8x the TTFT).
+    sub-graphs, or f32 compute, it is right; without snippets the step costs some time, f32
+    compute far more (docs/measurements.md, "NPUW on the CPU without snippets").
     An explicit ``SNIPPETS_MODE`` is set on the core as given."""
     if not npuw_uses_cpu(devices):
         return False
@@ -231,8 +241,8 @@ def kv_precision(
     models whose activations leave the f16 range (``wide_activations``).  With NPUW running its
     sub-models on the CPU too: since the f16 past and the new KV are joined before the upcast
     (``transforms._join_stored``), an f16 model no longer holds an f32 copy of its past, so
-    f16 KV costs less memory than f32 at 1k as well as at 4k (SmolLM2 fp16, lean ladders: peak
-    871 -> 850 MB at 1k, 1072 -> 968 MB at 4k, where TTFT fell 0.94-0.95x; docs/measurements.md).
+    f16 KV costs less memory than f32 at 1k as well as at 4k, and no time (docs/measurements.md,
+    "f16 KV joined before the upcast").
     Nor does it cost accuracy there: with NPUW's f16 tensors between sub-graphs the new K/V
     reach the cache already rounded to f16 (identical device-default rows, docs/accuracy.md).
 
@@ -311,7 +321,7 @@ class Decided(Generic[C]):
 
 def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[C]:
     """Every ``auto`` of ``config`` decided for ``core``'s devices; ``wide_activations``: the
-    model's activations leave the f16 range (:func:`~npuw_kv.model.source.wide_activations`)."""
+    model's activations leave the f16 range (:func:`~npuw_kv.model.families.wide_activations`)."""
     is_paged = paged(config)
     devices = npuw_devices(core, config)
     compute = compute_precision(core, config)

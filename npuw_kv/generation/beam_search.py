@@ -16,7 +16,7 @@
   is finished (``length``).  The results are all groups' finished hypotheses, best first by
   score, ``num_return_sequences`` of them.
 
-The beams run as sequences of the paged path's batch engine (:class:`BeamJob`), beside other
+The beams run as sequences of the paged path's scheduler (:class:`BeamJob`), beside other
 requests; their KV is shared between them by the block manager's fork.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..errors import UsageError
-from ..runtime.paged.batch import BatchEngine
+from ..runtime.paged.scheduler import Scheduler
 from .logits_process import banned_ngram_ends
 from .stopping import StopStrings
 
@@ -42,7 +42,7 @@ _F32 = np.float32
 class Beam:
     """A running beam: its cache sequence, tokens and per-token log-probs (as scored)."""
 
-    seq: int  # its sequence of the batch engine
+    seq: int  # its sequence of the scheduler
     tokens: list[int]
     logprobs: list[np.float32]
     score: np.float32  # cumulative log-prob, float32 as genai sums it
@@ -233,28 +233,28 @@ class GroupBeamSearch:
 
 
 class BeamJob:
-    """One prompt's beam search driven by a batch engine's steps, beside other requests: the
+    """One prompt's beam search driven by a scheduler's steps, beside other requests: the
     prompt is prefilled once, then each step runs every live beam, one subsequence each.  A
-    beam that parts from another is the engine's fork of it (full blocks shared, the rest
+    beam that parts from another is the scheduler's fork of it (full blocks shared, the rest
     copied); a beam with no child ends, its full blocks staying cached."""
 
     def __init__(
         self,
-        engine: BatchEngine,
+        scheduler: Scheduler,
         tokenizer: Any,
         ids: np.ndarray,
         config: GenerationConfig,
         position_limit: int | None = None,
     ) -> None:
-        self.engine, self.ids = engine, ids
+        self.scheduler, self.ids = scheduler, ids
         self.stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
         self.budget = config.new_token_budget(int(ids.size))
-        capacity = engine.runner.capacity
+        capacity = scheduler.capacity
         self.room = min(capacity, position_limit or capacity) - int(ids.size)
         prompt = [int(t) for t in ids.reshape(-1)]
-        self.root = engine.submit(prompt)
+        self.root = scheduler.submit(prompt)
         self.search = GroupBeamSearch(config, prompt, self.root, self.budget, self.stops)
-        self.live: set[int] = {self.root}  # engine handles of the beams being run
+        self.live: set[int] = {self.root}  # scheduler handles of the beams being run
         self.rows: dict[int, np.ndarray] = {}
         self.steps = 0  # beam steps, as genai counts generated tokens for beam search
         self.start = time.perf_counter()
@@ -285,28 +285,25 @@ class BeamJob:
 
     def _advance(self, beams: list[Beam]) -> None:
         """Fork the parents with several children, end those with none, feed each beam."""
-        engine = self.engine
-        moved = engine.runner.memory.moved_bytes
+        scheduler = self.scheduler
+        moved = scheduler.moved_bytes
         handles: list[int] = []
         for beam in beams:  # every fork before any feed: a child copies its parent as it was
-            handles.append(beam.seq if beam.seq not in handles else engine.fork(beam.seq))
-        self.copied_bytes += engine.runner.memory.moved_bytes - moved
+            handles.append(beam.seq if beam.seq not in handles else scheduler.fork(beam.seq))
+        self.copied_bytes += scheduler.moved_bytes - moved
         for handle in self.live - set(handles):
-            engine.finish(handle)
+            scheduler.finish(handle)
         for beam, handle in zip(beams, handles, strict=True):
             beam.seq = handle
-            engine.feed(handle, beam.tokens[-1])
+            scheduler.feed(handle, beam.tokens[-1])
         self.live = set(handles)
-        keys = [engine.live[h].key for h in handles if engine.live[h].admitted]
-        key = max(engine.runner.memory.plan.primary)  # full attention's pool, if any
-        held = {b for k in keys for b in engine.runner.blocks.block_table(k, key)}
-        self.peak_blocks = max(self.peak_blocks, len(held))
+        self.peak_blocks = max(self.peak_blocks, scheduler.distinct_blocks(handles))
 
     def close(self) -> None:
         """End every beam still live (finished, or the request was dropped)."""
         for handle in self.live:
-            if handle in self.engine.live:
-                self.engine.finish(handle)
+            if handle in self.scheduler.live:
+                self.scheduler.finish(handle)
         self.live = set()
 
     def _results(self) -> list[GenerationResult]:

@@ -93,10 +93,9 @@ class DraftProposer:
         except ValueError:  # a sliding window released a block the rollback needs
             common = 0
         missing = list(history[common:])
-        chunk = int(getattr(self.runner, "chunk", 1))
-        if common and len(missing) <= min(chunk, self.runner.remaining_capacity):
+        if common and len(missing) <= min(self.runner.chunk, self.runner.remaining_capacity):
             logits = self.timing.run(self.runner.verify, missing)[-1]
-        elif len(history) <= int(getattr(self.runner, "max_prompt_len", 0)):
+        elif len(history) <= self.runner.max_prompt_len:
             ids = np.asarray(history, np.int64)
             logits = self.timing.run(self.runner.prefill, ids)  # prefix reuse helps
         else:

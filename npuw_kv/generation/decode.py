@@ -39,7 +39,7 @@ def decode_loop(
     """One sequence's token loop, driven from outside: it yields None for the prompt's logits,
     then each chosen token whose next logits it needs, and returns the sequence's result.
 
-    A lone runner drives it through :func:`generate_tokens`; the batch engine drives many at
+    A lone runner drives it through :func:`generate_tokens`; the scheduler drives many at
     once (:mod:`.batch`).  ``remaining()``: how many more tokens the sequence's KV room takes.
     ``position_limit``: the model's trained context; generation stops (``"length"``) when the
     prompt and the answer fill it, as it does when the KV cache is full.  ``constraint``
@@ -59,7 +59,7 @@ def decode_loop(
     stop_ids = set() if config.ignore_eos else config.stop_ids()
     start = time.perf_counter()
     logits = yield None
-    first_logits = np.array(logits, copy=True)  # a batch engine's rows live for one step
+    first_logits = np.array(logits, copy=True)  # a scheduler step's rows live for one step
     tokens: list[int] = []
     logprobs: list[float] = []
     top: list[list[tuple[int, float]]] = []

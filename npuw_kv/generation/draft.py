@@ -39,6 +39,7 @@ def draft_model(models_path: Any, device: str = "", **properties: Any) -> DraftM
 # cannot be converted, str() is empty, pickling fails); the wrapper below remembers what each
 # one was made from, by identity, while it lives
 _GENAI_DRAFTS: dict[int, DraftModel] = {}
+_RECORDERS: list[Any] = []  # the wrappers installed as openvino_genai.draft_model
 
 
 def record_genai_drafts() -> None:
@@ -47,7 +48,7 @@ def record_genai_drafts() -> None:
     import openvino_genai
 
     original = openvino_genai.draft_model
-    if getattr(original, "_npuw_kv_records", False):
+    if original in _RECORDERS:  # wrapped already
         return
 
     def recording(models_path: Any, device: str = "", **kwargs: Any) -> Any:
@@ -59,7 +60,7 @@ def record_genai_drafts() -> None:
 
     recording.__doc__ = original.__doc__
     recording.__wrapped__ = original  # type: ignore[attr-defined]
-    recording._npuw_kv_records = True  # type: ignore[attr-defined]
+    _RECORDERS.append(recording)
     openvino_genai.draft_model = recording
 
 
@@ -88,7 +89,8 @@ def build_draft(
     import openvino as ov
 
     from ..config.pipeline_config import PipelineConfig
-    from ..model.source import read_ir, resolve_model, trained_context
+    from ..model.families import trained_context
+    from ..model.source import read_ir, resolve_model
     from ..runtime.build import build_runner
 
     merged = {**settings, **draft.properties}

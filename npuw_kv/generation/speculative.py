@@ -20,7 +20,7 @@ strings, EOS, budgets, penalties, structured output and the streamer see one tok
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -30,7 +30,7 @@ from ..api.generation_config import GenerationConfig
 from ..api.perf_metrics import PerfMetrics
 from ..api.speculative_metrics import ModelCalls, SDPerfMetrics, SDPerModelsPerfMetrics
 from ..errors import UsageError
-from ..runtime.runner import SPECULATIVE_PATH, Runner
+from ..runtime.runner import SPECULATIVE_PATH, CacheInfo, ChunkHook, Runner
 from .candidates import CandidateSource, DraftProposer, PromptLookup
 from .draft import DraftModel, build_draft, resolve_draft
 
@@ -58,13 +58,14 @@ class SpeculativeStats:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate}
 
 
-class SpeculativeRunner:
+class SpeculativeRunner(Runner):
     """A runner for :func:`npuw_kv.generation.decode.generate_tokens` whose steps are verified in
     chunks.
 
     ``step(token)`` returns the stored logits when ``token`` is the next candidate; otherwise
     it drops the rejected candidates and runs ``token`` with the next candidates in one call.
-    Everything else (capacity, stats) is the wrapped runner's, less the unconsumed rows.
+    Everything else (capacity, stats) is the wrapped runner's, less the unconsumed rows: each
+    part of the :class:`Runner` contract is forwarded by name below.
     """
 
     def __init__(
@@ -86,9 +87,9 @@ class SpeculativeRunner:
         self._proposed: list[int] = []
         self.main_calls = ModelCalls()  # each main-model call: its time, the tokens it gave
 
-    def prefill(self, ids: np.ndarray, *args: Any) -> np.ndarray:
+    def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
         self.main_calls = ModelCalls()
-        logits = self.main_calls.run(self._runner.prefill, ids, *args)
+        logits = self.main_calls.run(self._runner.prefill, ids, on_chunk)
         self.history = [int(t) for t in np.asarray(ids).reshape(-1)]
         self._prompt = len(self.history)
         self._pending.clear()
@@ -123,7 +124,7 @@ class SpeculativeRunner:
         return self._proposed
 
     def _chunk(self) -> int:
-        return int(getattr(self._runner, "chunk", self.num_candidates + 1))
+        return self._runner.chunk
 
     def finish(self) -> None:
         """Drop the candidates the answer did not use, so the cache holds what plain decoding
@@ -142,8 +143,61 @@ class SpeculativeRunner:
     def remaining_capacity(self) -> int:
         return self._runner.remaining_capacity + len(self._pending)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
+    # -- the rest of the Runner contract: the wrapped runner's ----------------------------------
+    @property
+    def cache(self) -> CacheInfo:  # type: ignore[override]
+        return self._runner.cache
+
+    @property
+    def chunk(self) -> int:  # type: ignore[override]
+        return self._runner.chunk
+
+    @property
+    def max_prompt_len(self) -> int:  # type: ignore[override]
+        return self._runner.max_prompt_len
+
+    @property
+    def kv_binding(self) -> str:  # type: ignore[override]
+        return self._runner.kv_binding
+
+    @property
+    def reused_tokens(self) -> int:  # type: ignore[override]
+        return self._runner.reused_tokens
+
+    @property
+    def prefill_copied_bytes(self) -> int:  # type: ignore[override]
+        return self._runner.prefill_copied_bytes
+
+    @property
+    def switch_copied_bytes(self) -> int:  # type: ignore[override]
+        return self._runner.switch_copied_bytes
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._runner.cached_tokens
+
+    @property
+    def shared_weights(self) -> bool:
+        return self._runner.shared_weights
+
+    @property
+    def host_bytes_copied(self) -> int:
+        return self._runner.host_bytes_copied
+
+    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+        return self._runner.verify(tokens)
+
+    def truncate(self, length: int) -> None:
+        self._runner.truncate(length)
+
+    def hold_prefix(self, tokens: int) -> None:
+        self._runner.hold_prefix(tokens)
+
+    def forget_prefixes(self) -> None:
+        self._runner.forget_prefixes()
+
+    def stats(self) -> dict[str, Any]:
+        return self._runner.stats()
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -273,7 +327,7 @@ class Assisted:
             source = DraftProposer(self.draft, threshold)
         self.last = SpeculativeStats(self.mode)
         self._current = SpeculativeRunner(runner, source, count, config.new_token_budget, self.last)
-        return cast(Runner, self._current)
+        return self._current
 
     def finish(self) -> None:
         if self._current is not None:

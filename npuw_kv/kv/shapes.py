@@ -17,6 +17,10 @@ GENERATE_STEP = 1024
 
 @dataclass(frozen=True)
 class StaticShapes:
+    """The static-shape path's fixed sizes, from which every model shape and view follows: the
+    prefill chunk, the prompt and KV lengths, and which variants and rings exist.  Frozen: the
+    compiled models were reshaped to exactly these, so they cannot change after compiling."""
+
     chunk: int  # C: tokens per prefill chunk
     max_prompt_len: int  # prefill attention_mask length (multiple of C)
     total_len: int  # KV capacity: MAX_PROMPT_LEN + MIN_RESPONSE_LEN
@@ -47,15 +51,15 @@ class StaticShapes:
 
         Pyramid: 0, C, 2C, 4C, ... (doubling) below the whole past.  A chunk starting at slot
         s runs on the smallest past >= s, so it attends over at most twice the slots it needs
-        (every multiple of C would need ~1/2 fewer attention rows at 4k, but each model costs
-        ~40 MB of compiled code and buffers: 16 models at 4k/256 against 7).
+        (every multiple of C would need fewer attention rows, but each model costs its compiled
+        code and buffers: 16 models at 4k/256 against 7; docs/measurements.md).
         """
         if not self.pyramid:
             return (self.prefill_past,)
         if self.lean_pyramid:
-            # two static models more than one per phase, in all (each costs 4-6 % of the static
-            # path's peak RSS: two stay within +10 %): where a generate variant takes one (from
-            # ~2k), one prefill model; else (1k) two
+            # two static models more than one per phase, in all (each costs a share of the
+            # static path's peak RSS; docs/measurements.md): where a generate variant takes one
+            # (from ~2k), one prefill model; else (1k) two
             rungs = 1 if len(self.generate_pasts) > 1 else 2
             c = self.chunk
             return (*(k * c for k in lean_rungs(self.prefill_past // c, rungs)), self.prefill_past)
@@ -95,8 +99,8 @@ class StaticShapes:
     def block_edges(self) -> tuple[int, ...]:
         """Where the KV buffer's blocks meet (``SharedKVCache.edges``): every model's past
         short of the whole buffer, so that each model reads whole blocks, dense, not a strided
-        view of the buffer (NPUW on the CPU copies a strided past before every call: ~10 % of a
-        short-context step, 4-5 % of a chunk on the top prefill rung at 4k).  Empty unless
+        view of the buffer (NPUW on the CPU copies a strided past before every call, a share of
+        every step's time; docs/measurements.md).  Empty unless
         ``dense_blocks``."""
         if not self.dense_blocks:
             return ()

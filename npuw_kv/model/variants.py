@@ -36,7 +36,7 @@ def prepare(
     ``full_logits`` keeps the LM head on every position (C x vocab per chunk): only for
     measuring prompt perplexity, never for serving.  ``declared_window``: the sliding window
     the model's config names, if it is shorter than the KV capacity
-    (``source.declared_window``); a model whose graph has no window mask this rewrite knows is
+    (``families.declared_window``); a model whose graph has no window mask this rewrite knows is
     then refused.  ``shapes``: the static shapes, which say whether sliding-window layers keep
     their KV in rings (``model/ring.py``).
     """

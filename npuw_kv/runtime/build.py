@@ -27,21 +27,23 @@ from ..kv.blocks import SHARES_ENV
 from ..kv.blocks.shares import shares_setting
 from ..kv.cache import KVSpec, SharedKVCache
 from ..kv.memory import ensure_fits
+from ..model.families import declared_window, npuw_unpartitioned, wide_activations
 from ..model.layout import KVLayout
 from ..model.lora import Adapter, LoraGraph, apply_lora
 from ..model.paged_rewrite import make_paged, split_block_tables
-from ..model.source import declared_window, npuw_unpartitioned, read_ir, wide_activations
+from ..model.source import read_ir
 from ..model.variants import prepare
-from .compile import compile_paged, compile_requests, static_shapes
+from .compile import compile_paged, compile_requests
 from .paged.runner import PagedRunner
 from .runner import Runner
+from .shapes import static_shapes
 from .static.runner import StaticRunner
 
 T = TypeVar("T")
 PAGED_ONLY = ("prefix_cache_host_tokens", "kv_window_shares")  # the block manager's tiers
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Built:
     runner: Runner
     config: PipelineConfig  # as run: as given, or changed by a fallback
@@ -114,19 +116,27 @@ def build_runner(
                 kv_capacity + config.prefix_cache_tokens,
                 lambda: PagedRunner(
                     request,
-                    kv_capacity,
-                    config.max_prompt_len,
-                    config.prefill_chunk_size,
-                    config.prefix_reuse,
-                    config.prefix_cache_tokens,
-                    windows,
-                    config.prefix_cache_host_tokens,
-                    shares,
-                    source,
+                    capacity=kv_capacity,
+                    max_prompt_len=config.max_prompt_len,
+                    chunk=config.prefill_chunk_size,
+                    prefix_reuse=config.prefix_reuse,
+                    prefix_cache_tokens=config.prefix_cache_tokens,
+                    windows=windows,
+                    host_tokens=config.prefix_cache_host_tokens,
+                    shares=shares,
+                    shares_source=source,
                 ),
             )
             vocab = _vocab(request.get_compiled_model().output("logits"))
-            return Built(paged_runner, config, decided, vocab, None, lora, (request,))
+            return Built(
+                runner=paged_runner,
+                config=config,
+                decided=decided,
+                vocab_size=vocab,
+                layout=None,
+                lora=lora,
+                requests=(request,),
+            )
     if os.environ.get(SHARES_ENV, "").strip():
         warnings.warn(
             f"{SHARES_ENV} ignored: it applies to attention_backend='pa' (one block pool per "
@@ -156,16 +166,24 @@ def build_runner(
             requests,
             layout,
             shapes,
-            config.kv_binding,
-            config.prefix_reuse,
-            config.prefix_cache_tokens,
+            kv_binding=config.kv_binding,
+            prefix_reuse=config.prefix_reuse,
+            prefix_cache_tokens=config.prefix_cache_tokens,
         ),
     )
     vocab = _vocab(requests.logits_output(layout.logits_output_index))
     every = (requests.prefill, requests.generate)
     every += tuple(v.request for v in (*requests.prefill_ladder, *requests.generate_ladder))
     # the layout is the generate models' (V transposed or not)
-    return Built(runner, config, decided, vocab, runner.layout, lora, every)
+    return Built(
+        runner=runner,
+        config=config,
+        decided=decided,
+        vocab_size=vocab,
+        layout=runner.layout,
+        lora=lora,
+        requests=every,
+    )
 
 
 def _check_kv_fits(layout: KVLayout, slots: int) -> None:

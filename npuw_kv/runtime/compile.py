@@ -8,7 +8,6 @@ from typing import Any
 
 import openvino as ov
 
-from ..config import decide
 from ..config.decide import Decided
 from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
@@ -29,7 +28,7 @@ class Variant:
     request: ov.InferRequest
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Requests:
     prefill: ov.InferRequest  # the whole prefill past (or the one dynamic model)
     generate: ov.InferRequest  # the whole buffer
@@ -101,114 +100,159 @@ def compile_requests(
     unpartitioned: str | None = None,
 ) -> Requests:
     """The static models of ``shapes`` (or the one dynamic model), compiled.  ``unpartitioned``:
-    the model family NPUW must not partition (:func:`~npuw_kv.model.source.npuw_unpartitioned`)."""
+    the model family NPUW must not partition
+    (:func:`~npuw_kv.model.families.npuw_unpartitioned`).  Where NPUW cannot fold or partition
+    the models, each fallback is one method of :class:`StaticCompile`, said in a warning."""
     config = decided.config
     device, props = device_properties(decided)
     if decided.npuw_devices:  # NPUW compiles its CPU sub-models through this core
         given = config.compile_properties.get("SNIPPETS_MODE")
         if given is not None or decided.cpu_snippets_off:
             core.set_property("CPU", {"SNIPPETS_MODE": given or "DISABLE"})
-    if decided.static_models:
-        split = _split(model, layout, config)
-        # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and
-        # f32 tensors between them; the split body compiles
-        if (
-            split is None
-            and props.get("NPUW_F16IC") == "NO"
-            and "NPUW_FUNCALL_FOR_ALL" not in config.compile_properties
-        ):
-            props = {**props, "NPUW_FUNCALL_FOR_ALL": "NO"}
-        ladder = checked_ladder(split.body if split is not None else model, layout, decided, shapes)
-        prefill_models, generate_models = ladder.prefill, ladder.generate
-
-        def compile_all(p: dict[str, Any], pyramid: bool = True, variants: bool = True) -> Requests:
-            def request(m: ov.Model) -> ov.InferRequest:
-                return core.compile_model(m, device, p).create_infer_request()
-
-            prefills = prefill_models if pyramid else prefill_models[-1:]
-            generates = generate_models if variants else generate_models[-1:]
-            prefill = [Variant(past, request(m)) for past, m in prefills]
-            generate = [Variant(past, request(m)) for past, m in generates]
-            embed = head = None
-            if split is not None:
-                # the gather runs on the host, as NPUW's own (NPUW_HOST_GATHER): exact f32 rows
-                host: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
-                if config.num_threads:
-                    host["INFERENCE_NUM_THREADS"] = config.num_threads
-                embed = core.compile_model(split.embed, "CPU", host).create_infer_request()
-                head = core.compile_model(split.head, *_head_target(config, device, p))
-                head = head.create_infer_request()
-            return Requests(
-                prefill[-1].request,
-                generate[-1].request,
-                False,
-                p,
-                embed,
-                head,
-                tuple(prefill[:-1]),
-                tuple(generate[:-1]),
-                ladder.prefill_layout,
-                ladder.generate_layout,
-            )
-
-        # unfolded or unpartitioned, every model holds the weights: the variants only where
-        # asked for
-        pyramid = config.prefill_attention == "pyramid"
-        variants = config.generate_pyramid is True
-        fewer = (
-            ""
-            if pyramid and variants
-            else "; without the variants not asked for explicitly (prefill_attention="
-            "'pyramid', generate_pyramid=YES): one prefill and one generate model"
+    if not decided.static_models:
+        compiled = core.compile_model(shared_dynamic(model, layout), device, props)
+        return Requests(
+            prefill=compiled.create_infer_request(),
+            generate=compiled.create_infer_request(),
+            shared_weights=True,
+            device_properties=props,
         )
-        partition_given = "NPUW_ONLINE_PIPELINE" in config.compile_properties
+    split = _split(model, layout, config)
+    static = StaticCompile(
+        core=core,
+        device=device,
+        config=config,
+        split=split,
+        ladder=checked_ladder(split.body if split is not None else model, layout, decided, shapes),
+    )
+    # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and f32
+    # tensors between them; the split body compiles
+    if (
+        split is None
+        and props.get("NPUW_F16IC") == "NO"
+        and "NPUW_FUNCALL_FOR_ALL" not in config.compile_properties
+    ):
+        props = {**props, "NPUW_FUNCALL_FOR_ALL": "NO"}
+    if unpartitioned and device == "NPU" and not static.partition_given:
+        why = f"NPUW's partitioned execution gives wrong tokens for {unpartitioned} models here"
+        return static.whole_models(props, why)
+    try:
+        return static.compile(props)
+    except RuntimeError as exc:
+        if props.get("NPUW_FOLD") != "YES" or isinstance(exc, UsageError):
+            raise
+        return static.after_fold_failed(props, exc)
 
-        def whole_models(why: str) -> Requests:
-            """Each static model one sub-graph, holding its own weights (said in a warning)."""
-            warnings.warn(
-                f"{why}: compiling with NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every "
-                f"static model is one sub-graph holding its own copy of the weights{fewer}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return compile_all({**props, **UNPARTITIONED}, pyramid, variants)
 
-        if unpartitioned and device == "NPU" and not partition_given:
-            return whole_models(
-                f"NPUW's partitioned execution gives wrong tokens for {unpartitioned} models here"
-            )
+@dataclass(kw_only=True)
+class StaticCompile:
+    """The static models of one pipeline compiled on ``device``, folded into NPUW's weights
+    bank when it can (:meth:`compile`), else by the fallbacks below."""
+
+    core: ov.Core
+    device: str
+    config: PipelineConfig
+    ladder: Ladder
+    split: SplitModel | None  # the embedding and head cut out (None: whole models)
+
+    @property
+    def partition_given(self) -> bool:
+        return "NPUW_ONLINE_PIPELINE" in self.config.compile_properties
+
+    @property
+    def _variants_asked(self) -> tuple[bool, bool]:
+        """Unfolded or unpartitioned, every model holds the weights: the variants only where
+        asked for explicitly."""
+        return self.config.prefill_attention == "pyramid", self.config.generate_pyramid is True
+
+    @property
+    def _fewer(self) -> str:
+        if all(self._variants_asked):
+            return ""
+        return (
+            "; without the variants not asked for explicitly (prefill_attention='pyramid', "
+            "generate_pyramid=YES): one prefill and one generate model"
+        )
+
+    def compile(
+        self, props: dict[str, Any], pyramid: bool = True, variants: bool = True
+    ) -> Requests:
+        """Every model of the ladder (or only the largest of each phase) with ``props``."""
+
+        def request(m: ov.Model) -> ov.InferRequest:
+            return self.core.compile_model(m, self.device, props).create_infer_request()
+
+        ladder, config = self.ladder, self.config
+        prefills = ladder.prefill if pyramid else ladder.prefill[-1:]
+        generates = ladder.generate if variants else ladder.generate[-1:]
+        prefill = [Variant(past, request(m)) for past, m in prefills]
+        generate = [Variant(past, request(m)) for past, m in generates]
+        embed = head = None
+        if self.split is not None:
+            # the gather runs on the host, as NPUW's own (NPUW_HOST_GATHER): exact f32 rows
+            host: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+            if config.num_threads:
+                host["INFERENCE_NUM_THREADS"] = config.num_threads
+            embed = self.core.compile_model(self.split.embed, "CPU", host).create_infer_request()
+            target = _head_target(config, self.device, props)
+            head = self.core.compile_model(self.split.head, *target).create_infer_request()
+        return Requests(
+            prefill=prefill[-1].request,
+            generate=generate[-1].request,
+            shared_weights=False,
+            device_properties=props,
+            embed=embed,
+            head=head,
+            prefill_ladder=tuple(prefill[:-1]),
+            generate_ladder=tuple(generate[:-1]),
+            prefill_layout=ladder.prefill_layout,
+            generate_layout=ladder.generate_layout,
+        )
+
+    def whole_models(self, props: dict[str, Any], why: str) -> Requests:
+        """Each static model one sub-graph, holding its own weights (said in a warning)."""
+        warnings.warn(
+            f"{why}: compiling with NPUW_ONLINE_PIPELINE=NONE and NPUW_FOLD=NO, so every "
+            f"static model is one sub-graph holding its own copy of the weights{self._fewer}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return self.compile({**props, **UNPARTITIONED}, *self._variants_asked)
+
+    def after_fold_failed(self, props: dict[str, Any], exc: RuntimeError) -> Requests:
+        """NPUW could not compile the folded models: an explicit ``NPUW_FOLD`` is refused by
+        name; a partitioning failure runs whole models; else the models run unfolded."""
+        reason = last_line(exc)
+        if "NPUW_FOLD" in self.config.compile_properties:
+            raise RuntimeError(
+                f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
+                "NPUW_FOLD unset to fall back to NPUW_FOLD=NO when folding fails"
+            ) from exc
+        if _partitioning_failed(exc) and not self.partition_given:
+            # NPUW's online partitioner left a sub-graph referring to another's parameter
+            # (seen on small models, e.g. 2 layers of width 64)
+            return self.whole_models(props, f"NPUW could not partition this model ({reason})")
+        return self.unfolded(props, reason)
+
+    def unfolded(self, props: dict[str, Any], reason: str) -> Requests:
+        """Every static model with its own copy of the weights (``NPUW_FOLD=NO``): e.g.
+        optimum-intel's fp16 SmolLM2 export with ``NPUW_FUNCALL_FOR_ALL=NO``, whose folding
+        fails ("unordered_map::at")."""
+        warnings.warn(
+            f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
+            f"every static model holds its own copy of the weights{self._fewer}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         try:
-            return compile_all(props)
-        except RuntimeError as exc:
-            if props.get("NPUW_FOLD") != "YES" or isinstance(exc, UsageError):
+            return self.compile({**props, "NPUW_FOLD": "NO"}, *self._variants_asked)
+        except RuntimeError as again:
+            # unfolded, the partitioner can still fail (GPT-2: the embedding not cut out)
+            if not _partitioning_failed(again) or self.partition_given:
                 raise
-            reason = last_line(exc)
-            if "NPUW_FOLD" in config.compile_properties:
-                raise RuntimeError(
-                    f"NPU compile failed with NPUW_FOLD=YES, set explicitly ({reason}); leave "
-                    "NPUW_FOLD unset to fall back to NPUW_FOLD=NO when folding fails"
-                ) from exc
-            if _partitioning_failed(exc) and not partition_given:
-                # NPUW's online partitioner left a sub-graph referring to another's parameter
-                # (seen on small models, e.g. 2 layers of width 64)
-                return whole_models(f"NPUW could not partition this model ({reason})")
-            # e.g. optimum-intel's fp16 SmolLM2 export with NPUW_FUNCALL_FOR_ALL=NO: NPUW's
-            # folding fails ("unordered_map::at"); run unfolded, at the cost of a second weight copy
-            warnings.warn(
-                f"NPUW could not fold this model ({reason}); compiling with NPUW_FOLD=NO, so "
-                f"every static model holds its own copy of the weights{fewer}",
-                RuntimeWarning,
-                stacklevel=2,
+            return self.whole_models(
+                props, f"NPUW could not partition this model ({last_line(again)})"
             )
-            try:
-                return compile_all({**props, "NPUW_FOLD": "NO"}, pyramid, variants)
-            except RuntimeError as again:
-                # unfolded, the partitioner can still fail (GPT-2: the embedding not cut out)
-                if not _partitioning_failed(again) or partition_given:
-                    raise
-                return whole_models(f"NPUW could not partition this model ({last_line(again)})")
-    compiled = core.compile_model(shared_dynamic(model, layout), device, props)
-    return Requests(compiled.create_infer_request(), compiled.create_infer_request(), True, props)
 
 
 # NPUW runs each static model as one sub-graph (so nothing to fold into a weights bank)
@@ -218,32 +262,6 @@ UNPARTITIONED = {"NPUW_ONLINE_PIPELINE": "NONE", "NPUW_FOLD": "NO"}
 def _partitioning_failed(exc: BaseException) -> bool:
     """NPUW's partitioner produced an invalid sub-graph (not a setting's fault)."""
     return "references undeclared parameters" in str(exc)
-
-
-def shapes_for(
-    config: PipelineConfig, kv_capacity: int, dense_blocks: bool = False
-) -> StaticShapes:
-    """The static shapes ``config`` asks for, the ladders and rings as
-    :mod:`npuw_kv.config.decide` decides them (``auto`` ladders are the lean ones, an explicit
-    ``pyramid`` / ``generate_pyramid=YES`` the full ones)."""
-    prefill, generate = decide.prefill_ladder(config), decide.generate_ladder(config)
-    return StaticShapes(
-        config.prefill_chunk_size,
-        config.max_prompt_len,
-        kv_capacity,
-        prefill != "one",
-        generate != "one",
-        lean_pyramid=prefill == "lean",
-        lean_generate=generate == "lean",
-        window_rings=decide.window_rings(config),
-        dense_blocks=dense_blocks,
-    )
-
-
-def static_shapes(decided: Decided[PipelineConfig], kv_capacity: int) -> StaticShapes:
-    """The static shapes ``decided`` asks for.  Where V is not stored transposed, the KV buffer
-    is cut into blocks where the static models' pasts end (``StaticShapes.block_edges``)."""
-    return shapes_for(decided.config, kv_capacity, decided.dense_blocks)
 
 
 def checked_ladder(

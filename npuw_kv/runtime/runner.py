@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..errors import CapacityError, UsageError
+
 
 class CacheInfo(Protocol):
     """What the accounting reads of a KV cache (shared buffers or paged blocks)."""
@@ -42,12 +44,22 @@ class Runner(ABC):
     """Prefill a prompt, step one token at a time, and say what the KV cache holds."""
 
     cache: CacheInfo
+    chunk: int  # prompt tokens one prefill call runs at most
+    max_prompt_len: int  # the longest prompt it takes (MAX_PROMPT_LEN)
     kv_binding: str  # "roi" / "copy" (static shapes) or "paged"
     reused_tokens: int  # of the last prompt, taken from the cache instead of run
     # of the KV bytes the host copied (host_bytes_copied): during the last prompt, and at
     # the prefill -> generate switch (0 by design)
     prefill_copied_bytes: int
     switch_copied_bytes: int
+
+    def check_prompt(self, tokens: int) -> None:
+        """Refuse a prompt of ``tokens`` tokens this runner cannot take (empty, or longer than
+        MAX_PROMPT_LEN), naming the setting; every path's one check."""
+        if tokens <= 0:
+            raise UsageError("prompt is empty: at least one token is needed")
+        if tokens > self.max_prompt_len:
+            raise CapacityError.prompt(tokens, self.max_prompt_len)
 
     @abstractmethod
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .jobs import Event, Run, Slot, Worker
+from .jobs import Admission, Event, Run, Worker
 from .protocol import ApiError, Job, chat_job, completion_job, read_body
 from .replies import FINISH, Reply
 
@@ -37,18 +37,18 @@ class ClientGone(Exception):
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events whose slot is closed when the stream ends, however it ends."""
+    """Server-sent events whose admission is closed when the stream ends, however it ends."""
 
-    def __init__(self, events: AsyncIterator[str], slot: Slot) -> None:
+    def __init__(self, events: AsyncIterator[str], admission: Admission) -> None:
         super().__init__(events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache"})  # fmt: skip
-        self.slot = slot
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.slot.close()
+            self.admission.close()
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -80,23 +80,23 @@ def make_app(pipe: Any, model_id: str, live: int, queue: int, api_key: str | Non
     async def answer(request: Request, parse: Callable[[dict[str, Any], tuple[str, ...]], Job]):
         job = parse(read_body(await request.body()), models)
         reply = Reply(job, tokenizer)
-        slot = worker.admit()
+        admission = worker.admit()
         handed = False
         try:
-            run = await _watch(request, slot.start(job))
+            run = await _watch(request, admission.start(job))
             first = await _watch(request, run.events.get())
             if first[0] == "error":
                 raise first[1]
             if job.stream:
                 handed = True
-                return EventStream(_stream(reply, run, first), slot)
+                return EventStream(_stream(reply, run, first), admission)
             results = first[1] if first[0] == "done" else await _watch(request, run.results())
             return JSONResponse(reply.whole(results))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         finally:
             if not handed:
-                slot.close()
+                admission.close()
 
     async def chat(request: Request) -> Response:
         return await answer(request, chat_job)

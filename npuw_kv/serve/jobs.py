@@ -164,9 +164,9 @@ class Worker:
         with self._lock:
             self.counts[outcome] += 1
 
-    def admit(self) -> Slot:
+    def admit(self) -> Admission:
         """Count a request in (running or waiting for a turn), or refuse it with 429 when the
-        queue is full; the caller closes the slot when the response is over."""
+        queue is full; the caller closes the admission when the response is over."""
         if self.admitted >= self.live + self.queue:
             raise ApiError(
                 429,
@@ -179,7 +179,7 @@ class Worker:
         self.admitted += 1
         if self._turns is None:
             self._turns = asyncio.Semaphore(self.live)
-        return Slot(self, self._turns)
+        return Admission(self, self._turns)
 
     def stop(self) -> None:
         """Cancel every running request and wait for the worker threads."""
@@ -188,7 +188,7 @@ class Worker:
         self.executor.shutdown(wait=True)
 
 
-class Slot:
+class Admission:
     """An admitted request: it waits for a turn (:meth:`start`), and :meth:`close` (once the
     response is over or its client went away) cancels what still runs and gives the turn and
     the admission back.  The pool has ``live`` threads, so a turn given while a cancelled call
@@ -201,7 +201,7 @@ class Slot:
         self._turn = False
 
     async def start(self, job: Job) -> Run:
-        assert self.worker is not None and self.run is None, "a slot runs one job"
+        assert self.worker is not None and self.run is None, "an admission runs one job"
         await self.turns.acquire()
         self._turn = True
         self.run = Run(self.worker, job)

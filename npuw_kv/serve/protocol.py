@@ -56,6 +56,7 @@ class ApiError(Exception):
         status: int,
         message: str,
         param: str | None = None,
+        *,
         kind: str = "invalid_request_error",
         code: str | None = None,
         headers: dict[str, str] | None = None,

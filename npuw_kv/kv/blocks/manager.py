@@ -21,12 +21,12 @@ from typing import SupportsIndex
 import numpy as np
 
 from .block import EMPTY_LEVEL, PoolKind
+from .capacity import check_capacity
 from .config import BlockManagerConfig
 from .errors import (
     ChunkTooLargeError,
     ConfigError,
     InvalidTokensError,
-    OutOfBlocksError,
     SequenceExistsError,
     SequenceTooLongError,
     UnknownSequenceError,
@@ -366,35 +366,8 @@ class KVBlockManager:
     def _check_capacity(
         self, seq_id: Hashable, costs_for: Callable[[int], dict[int, int]], n_tokens: int
     ) -> None:
-        """Raise unless every window can give what a call adding ``n_tokens`` tokens needs.
-
-        ``costs_for(c)`` is the per-window block cost of the same call adding ``c`` tokens
-        (non-decreasing in ``c``); the error reports the largest ``c`` that fits right now.
-        """
-        costs = costs_for(n_tokens)
-        short = [w for w, cost in costs.items() if cost > self.windows[w].available()]
-        if not short:
-            return
-        w = short[0]
-        cost, avail = costs[w], self.windows[w].available()
-        held = self.windows[w].primary.num_slots - avail
-        lo, hi = 0, n_tokens - 1  # largest c in [0, n_tokens) that fits every window
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if all(c <= self.windows[v].available() for v, c in costs_for(mid).items()):
-                lo = mid
-            else:
-                hi = mid - 1
-        fits = (
-            f"a call adding at most {lo} tokens fits now"
-            if lo
-            else "no call fits now, not even one token"
-        )
-        raise OutOfBlocksError(
-            f"window {w} needs {cost} free primary blocks for {n_tokens} tokens of sequence "
-            f"{seq_id!r} but only {avail} are reclaimable ({held} are held by "
-            f"{len(self._seqs)} live sequences); {fits}. Add fewer tokens per call, remove a "
-            f"sequence, or raise {self.config.pool_setting}"
+        check_capacity(
+            self.windows, seq_id, costs_for, n_tokens, len(self._seqs), self.config.pool_setting
         )
 
 

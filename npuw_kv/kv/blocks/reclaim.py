@@ -24,12 +24,12 @@ class Reclaimer:
     def __init__(
         self,
         pools: dict[PoolKind, BlockPool],
+        *,
         tree: ReuseTree | None,
         seqs: dict[int, SeqBlocks],
         counters: WindowCounters,
         copy: SlotCopier,
         emit_move: Callable[[str, KVBlock], None],
-        *,
         default_priority: int,
         offload_min_priority: int,
     ) -> None:

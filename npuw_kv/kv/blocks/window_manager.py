@@ -77,11 +77,11 @@ class WindowManager:
         self._trailing = required_trailing_blocks(group.window, self.tpb)
         self._reclaim = Reclaimer(
             self.pools,
-            self.tree,
-            self.seqs,
-            self.counters,
-            self._copy,
-            self._emit_move,
+            tree=self.tree,
+            seqs=self.seqs,
+            counters=self.counters,
+            copy=self._copy,
+            emit_move=self._emit_move,
             default_priority=default_priority,
             offload_min_priority=offload_min_priority,
         )

@@ -53,6 +53,7 @@ class PagedPools:
     def __init__(
         self,
         request: ov.InferRequest,
+        *,
         capacity: int,
         chunk: int,
         windows: Sequence[int | None] | None,
@@ -172,7 +173,7 @@ class PagedPools:
         smaller: a full-attention pool by their tokens, a sliding-window pool by what each
         sequence keeps live: its window and a block while it decodes or waits (the engine
         detaches what a waiting sequence's next token cannot see), and more in a step that
-        reads its prompt.  A step reads at most ``step_tokens`` prompt tokens (the engine's
+        reads its prompt.  A step reads at most ``step_tokens`` prompt tokens (the scheduler's
         budget, by default a chunk); beyond what it holds decoding, a reader of ``a`` tokens
         holds the blocks its read adds: ``ceil(a / block) - 1`` when the read starts at a block
         boundary (a chunk boundary or a prefix hit), one more for the one read a step may
@@ -196,7 +197,7 @@ class PagedPools:
         live = bool(self.blocks.sequence_ids)
         # with sequences live more are joining one by one (threads): grow by a quarter at
         # least, so that N joiners cost a few reallocations, not N (a larger step leaves
-        # blocks that later batches touch: 1.5x cost SmolLM2's 16 threads 20 MB of peak RSS)
+        # blocks that later batches touch, which costs peak RSS)
         primary = dict(self.plan.primary)
         for key, blocks in need.items():
             if blocks > primary[key]:

@@ -42,9 +42,15 @@ SYSTEM_PRIORITY = 90
 
 
 class PagedRunner(Runner):
+    """One PagedAttention infer request over the paged KV cache (:class:`PagedPools`): it runs
+    the subsequences it is handed in one call (:meth:`run`, the scheduler's step) and, for a
+    call that needs the model alone, one lone sequence (:meth:`prefill` / :meth:`step`, and
+    :meth:`verify` / :meth:`truncate` for speculative decoding)."""
+
     def __init__(
         self,
         request: ov.InferRequest,
+        *,
         capacity: int,
         max_prompt_len: int,
         chunk: int,
@@ -76,26 +82,22 @@ class PagedRunner(Runner):
         self.prefix_reuse = prefix_reuse
         self.memory = PagedPools(
             request,
-            capacity,
-            chunk,
-            windows,
-            prefix_cache_tokens,
-            host_tokens,
-            shares,
-            shares_source,
+            capacity=capacity,
+            chunk=chunk,
+            windows=windows,
+            room=prefix_cache_tokens,
+            host_tokens=host_tokens,
+            shares=shares,
+            shares_source=shares_source,
         )
-        self._seq = 0  # id of the live sequence; 0: none yet
-        self.finished_tokens = 0  # computed tokens of the batch engine's last finished sequence
-        self.reused_tokens = 0
+        self._seq = 0  # id of the live lone sequence; 0: none yet
+        self.reused_tokens = 0  # of the lone path's last prompt (the scheduler counts its own)
         self._dirty = False  # a call failed part-way and the manager was not rebuilt yet
         # tokens at the start of the next prompt kept at SYSTEM_PRIORITY (hold_prefix)
         self._held = self.held_tokens = 0
         # u8 blocks written one token at a time get other scales than a fresh prefill writes:
         # generated tokens' blocks are cached only for float KV, where they are the same
-        self._store_steps = self.cache.precision in ("f32", "f16", "bf16")
-        # beam search (generation/beam_search.py): the most distinct KV blocks the beams of the
-        # last search held at once, and the bytes its copy-on-write block copies moved
-        self.beam_peak_blocks = self.beam_copied_bytes = 0
+        self.stores_generated = self.cache.precision in ("f32", "f16", "bf16")
 
     # the memory's parts, as the pipeline, beam search and the tests read them
     @property
@@ -156,10 +158,10 @@ class PagedRunner(Runner):
     @property
     def tokens_in_cache(self) -> int:
         """Tokens of the live lone sequence (prompt and fed answer) whose KV the cache holds;
-        with none live, those of the sequence the batch engine finished last."""
+        0 with none live (the scheduler's sequences are its own: ``StepStats``)."""
         if self._seq in self.blocks.sequence_ids:
             return self.blocks.num_tokens(self._seq)
-        return self.finished_tokens
+        return 0
 
     @property
     def remaining_capacity(self) -> int:
@@ -204,7 +206,7 @@ class PagedRunner(Runner):
 
     def release(self) -> None:
         """End the lone sequence of :meth:`prefill` / :meth:`step`, if one is live: its full
-        blocks stay cached (the batch engine runs its own sequences)."""
+        blocks stay cached (the scheduler runs its own sequences)."""
         if self._seq in self.blocks.sequence_ids:
             self.blocks.remove_sequence(self._seq)
 
@@ -214,7 +216,7 @@ class PagedRunner(Runner):
         if self.blocks.sequence_ids:
             raise AssertionError("cached prefixes dropped while sequences are live")
         self.memory.blocks = self.memory.new_manager()
-        self.reused_tokens = self.finished_tokens = 0
+        self.reused_tokens = 0
 
     def fit_batch(self, sequences: int, tokens: int, step_tokens: int | None = None) -> bool:
         """Pools that hold ``sequences`` sequences of up to ``tokens`` tokens at once, steps of
@@ -261,6 +263,14 @@ class PagedRunner(Runner):
         logits = self.request.get_tensor("logits").data
         return logits.reshape(-1, logits.shape[-1])
 
+    def last_logits(self, parts: Sequence[tuple[Hashable, np.ndarray, int]]) -> np.ndarray:
+        """:meth:`run` with one logits row per part, its last token's (the scheduler's step).
+        The rows are the request's own output, valid until the next call."""
+        logits = self.run(parts)
+        if not self._rows_input:  # full logits (perplexity mode): each part's last row
+            logits = logits[np.cumsum([ids.size for _, ids, _ in parts]) - 1]
+        return logits
+
     def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
         """The lone sequence's call: ``[rows, vocab]`` (``[n, vocab]`` with full logits)."""
         return self.run([(self._seq, ids, past)], rows)
@@ -273,11 +283,8 @@ class PagedRunner(Runner):
         ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
-        if ids.size == 0:
-            raise UsageError("prompt is empty: at least one token is needed")
-        if ids.size > self.max_prompt_len:
-            raise CapacityError.prompt(ids.size, self.max_prompt_len)
-        with self._writing():
+        self.check_prompt(ids.size)
+        with self.writing():
             if self._seq in self.blocks.sequence_ids:
                 self.blocks.remove_sequence(self._seq)  # its full blocks stay cached for reuse
             self._seq += 1
@@ -311,8 +318,8 @@ class PagedRunner(Runner):
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.capacity)
         past = self.tokens_in_cache
-        with self._writing():
-            self.blocks.add_token(self._seq, int(token), store=self._store_steps)
+        with self.writing():
+            self.blocks.add_token(self._seq, int(token), store=self.stores_generated)
             logits = self._infer(np.array([token], np.int64), past)
         return logits[-1].copy()
 
@@ -330,8 +337,8 @@ class PagedRunner(Runner):
         if self.remaining_capacity < ids.size:
             raise CapacityError.cache_full(self.capacity)
         past = self.tokens_in_cache
-        with self._writing():
-            self.blocks.add_tokens(self._seq, ids.tolist(), store=self._store_steps)
+        with self.writing():
+            self.blocks.add_tokens(self._seq, ids.tolist(), store=self.stores_generated)
             logits = self._infer(ids, past, rows=int(ids.size))
         return logits[-ids.size :].copy()
 
@@ -344,7 +351,7 @@ class PagedRunner(Runner):
             self.blocks.truncate(self._seq, length)
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
+    def writing(self) -> Iterator[None]:
         """Blocks are registered (and cached) before the device writes them.  If a call fails
         part-way, forget every cached block, so none the device never wrote is reused; should
         that itself be interrupted, the next call does it first."""
@@ -360,5 +367,5 @@ class PagedRunner(Runner):
 
     def _forget(self) -> None:
         self.memory.blocks = self.memory.new_manager()
-        self.reused_tokens = self.finished_tokens = 0
+        self.reused_tokens = 0
         self._dirty = False

@@ -83,6 +83,7 @@ class KVBinding:
         request: ov.InferRequest,
         ports: list[BoundPort],
         cache: SharedKVCache,
+        *,
         past_len: int,
         new_tokens: int,
         mode: str,

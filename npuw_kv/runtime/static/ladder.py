@@ -45,7 +45,17 @@ def bind_ladder(
         BoundModel(
             v.past,
             v.request,
-            KVBinding(v.request, ports, cache, v.past, new_tokens, mode, counter, sliced, grow),
+            KVBinding(
+                v.request,
+                ports,
+                cache,
+                past_len=v.past,
+                new_tokens=new_tokens,
+                mode=mode,
+                counter=counter,
+                sliced=sliced,
+                grow=grow,
+            ),
         )
         for v in variants
     ]

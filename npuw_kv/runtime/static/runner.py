@@ -36,6 +36,10 @@ def _v_layout(layout: KVLayout) -> str:
 
 
 class StaticRunner(Runner):
+    """The static prefill and generate requests (and their variants) bound once to ROI views of
+    one shared buffer per layer: the prompt runs in chunks, each step writes its token's KV in
+    place, and nothing is copied between the phases.  One sequence at a time."""
+
     cache: SharedKVCache
 
     def __init__(
@@ -43,6 +47,7 @@ class StaticRunner(Runner):
         requests: Requests,
         layout: KVLayout,
         shapes: StaticShapes,
+        *,
         kv_binding: str,
         prefix_reuse: bool = True,
         prefix_cache_tokens: int = 0,
@@ -55,6 +60,7 @@ class StaticRunner(Runner):
         self.layout = requests.generate_layout or layout
         self.prefill_layout = requests.prefill_layout or layout
         self.shapes = shapes
+        self.chunk, self.max_prompt_len = shapes.chunk, shapes.max_prompt_len
         self._specs = [
             KVSpec(p.input_name, p.num_heads, p.head_dim, p.seq_axis, self._ring(p.layer))
             for p in self.layout.ports
@@ -232,7 +238,7 @@ class StaticRunner(Runner):
             "prefill_v_layout": _v_layout(self.prefill_layout),
         }
 
-    def _hold(self, layout: KVLayout, start: int, stop: int) -> int:
+    def _lay_out_v(self, layout: KVLayout, start: int, stop: int) -> int:
         """Have the V slots ``[start, stop)`` laid out as ``layout``'s models read them; the
         bytes copied (none unless the two phases' layouts differ)."""
         copied = 0
@@ -253,8 +259,7 @@ class StaticRunner(Runner):
         logits, else only the last row) — what prompt perplexity needs.
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
-        if ids.size > self.shapes.max_prompt_len:
-            raise CapacityError.prompt(ids.size, self.shapes.max_prompt_len)
+        self.check_prompt(ids.size)
         self.copied.reset()
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
             self.prefix_store.save(self._cached, self.slots.first)
@@ -272,7 +277,9 @@ class StaticRunner(Runner):
             else (PromptPlan(int(ids.size), self.shapes.chunk), False)
         )
         # the slots a continuation keeps, in the prefill models' layout (mixed layouts only)
-        self._hold(self.prefill_layout, plan.pad, plan.start if plan.cached and not restore else 0)
+        self._lay_out_v(
+            self.prefill_layout, plan.pad, plan.start if plan.cached and not restore else 0
+        )
         self._cached = []  # a failure part-way leaves the cache in no state to reuse
         if restore:
             assert self.prefix_store is not None
@@ -316,7 +323,7 @@ class StaticRunner(Runner):
         inputs = self.slots.step_inputs(int(token), variant.past)
         before = self.copied.bytes
         if self._at_switch:  # the prompt's V in the generate models' layout (mixed only)
-            self._hold(self.layout, self.slots.first, self.slots.next)
+            self._lay_out_v(self.layout, self.slots.first, self.slots.next)
         variant.binding.before(inputs.write_slots, inputs.write_slots[0])
         if self._at_switch:
             # roi mode: the generate request already reads the buffer prefill wrote (0 bytes);

@@ -25,11 +25,11 @@ from ..api.generation_result import GenerationResult
 from ..api.inputs import Prompt
 from ..api.perf_metrics import CallTimer
 from ..errors import UsageError
-from ..runtime.paged.batch import BatchEngine
 from ..runtime.paged.runner import PagedRunner
-from .batch import BatchDriver, BatchTimes, Outcome
+from ..runtime.paged.scheduler import Scheduler
 from .beam_search import check_beam_request
 from .logits_process import LogitsConstraint
+from .token_loops import BatchTimes, Outcome, TokenLoops
 
 REENTERED = (
     "LLMPipeline is already generating on this thread (called from its streamer?); "
@@ -86,7 +86,7 @@ def requests(
 
 @dataclass
 class Ticket:
-    """One call's sequences in the session: their engine handles in order, the outcome of each
+    """One call's sequences in the session: their scheduler handles in order, the outcome of each
     that finished, its steps' times, and what to call with each new token (handle, token)."""
 
     handles: list[int] = field(default_factory=list)
@@ -110,13 +110,14 @@ class Ticket:
         return out
 
 
-class BatchSession:
-    """A :class:`BatchEngine` and its token loops, shared by every call on one runner."""
+class RunningBatch:
+    """A :class:`Scheduler` and its token loops, shared by every call on one runner."""
 
     def __init__(
         self,
         runner: PagedRunner,
         tokenizer: Any,
+        *,
         max_num_seqs: int,
         position_limit: int | None = None,
         fit_pools: bool = True,
@@ -125,12 +126,12 @@ class BatchSession:
         switch: Callable[[Any], None] | None = None,
     ) -> None:
         """``fit_pools``: grow the KV pools to hold the sequences that run at once (False:
-        the user sized them; the engine preempts).  ``mode``: what the model computes with now
+        the user sized them; the scheduler preempts).  ``mode``: what the model computes with now
         (the LoRA alphas); sequences of another mode wait until the batch is empty, then
         ``switch(mode)`` sets it (nothing may be live)."""
         self.runner = runner
-        self.engine = BatchEngine(runner, max_num_seqs, split_fuse=split_fuse)
-        self.driver = BatchDriver(self.engine, tokenizer, position_limit)
+        self.scheduler = Scheduler(runner, max_num_seqs, split_fuse=split_fuse)
+        self.loops = TokenLoops(self.scheduler, tokenizer, position_limit)
         self.fit_pools = fit_pools
         self._cond = threading.Condition()
         self._stepper: int | None = None  # the thread running a step
@@ -143,7 +144,7 @@ class BatchSession:
 
     @property
     def busy(self) -> bool:
-        return self.driver.running
+        return self.loops.running
 
     def add(
         self,
@@ -159,10 +160,10 @@ class BatchSession:
         other alphas run, this waits (stepping them) until they end."""
         ticket = ticket if ticket is not None else Ticket()
         for r in requests:
-            if r.config.num_beams > self.engine.max_num_seqs:
+            if r.config.num_beams > self.scheduler.max_num_seqs:
                 raise UsageError(
                     f"num_beams={r.config.num_beams}: a beam search steps all its beams at "
-                    f"once, at most max_num_seqs ({self.engine.max_num_seqs}) sequences; lower "
+                    f"once, at most max_num_seqs ({self.scheduler.max_num_seqs}) sequences; lower "
                     "num_beams or raise max_num_seqs (MAX_NUM_SEQS)"
                 )
         while True:
@@ -179,7 +180,7 @@ class BatchSession:
     def _enqueue(
         self, requests: Sequence[SequenceRequest], ticket: Ticket, at_once: int | None
     ) -> None:
-        """Add the requests to the engine (between two steps): all of them or none."""
+        """Add the requests to the scheduler (between two steps): all of them or none."""
         if not self.busy:
             self.runner.release()  # a lone run's sequence: cached, not live
         sizes = [(max(1, r.config.num_beams), self._tokens(r)) for r in requests]
@@ -188,9 +189,9 @@ class BatchSession:
         try:
             for r in requests:
                 handle = (
-                    self.driver.add_beams(r.ids, r.config, ticket.times)
+                    self.loops.add_beams(r.ids, r.config, ticket.times)
                     if r.config.num_beams > 1
-                    else self.driver.add(
+                    else self.loops.add(
                         r.ids, r.config, r.sample, r.constraint, r.streamer, r.held, ticket.times
                     )
                 )
@@ -206,7 +207,7 @@ class BatchSession:
         """End these sequences now (stopped or cancelled); their outcomes are not recorded."""
         with self._between_steps():
             for handle in handles:
-                if handle in self.driver:
+                if handle in self.loops:
                     self._drop(handle)
 
     def wait(self, ticket: Ticket) -> list[list[GenerationResult]]:
@@ -231,8 +232,8 @@ class BatchSession:
 
     def step(self) -> None:
         """One step, if any sequence is live (genai's ``ContinuousBatchingPipeline.step``)."""
-        steps = self.engine.steps
-        self._run_until(lambda: not self.busy or self.engine.steps != steps)
+        steps = self.scheduler.stats.steps
+        self._run_until(lambda: not self.busy or self.scheduler.stats.steps != steps)
 
     # -- the protocol -------------------------------------------------------------------------
     def _refuse_reentry(self) -> None:
@@ -270,7 +271,7 @@ class BatchSession:
                     self._cond.release()
                     stepped: tuple[dict[int, int], dict[int, Outcome]] | None = None
                     try:
-                        stepped = self.driver.step()
+                        stepped = self.loops.step()
                     finally:
                         self._cond.acquire()
                         self._stepper = None
@@ -294,7 +295,7 @@ class BatchSession:
                 ticket.outcomes[handle] = outcome
 
     def _drop(self, handle: int) -> None:
-        self.driver.drop(handle)
+        self.loops.drop(handle)
         self._owner.pop(handle, None)
         self._sizes.pop(handle, None)
 
@@ -308,7 +309,8 @@ class BatchSession:
         ``max_num_seqs`` sequences (or ``at_once``), each of the longest's tokens."""
         count = sum(n for n, _ in sizes) if at_once is None else max(at_once, len(sizes))
         longest = max(tokens for _, tokens in sizes)
-        self.runner.fit_batch(min(self.engine.max_num_seqs, count), longest, self.engine.budget)
+        scheduler = self.scheduler
+        self.runner.fit_batch(min(scheduler.max_num_seqs, count), longest, scheduler.budget)
 
 
 def _no_modes(mode: Any) -> None:

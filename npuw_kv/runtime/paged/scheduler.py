@@ -1,7 +1,7 @@
-"""Many sequences in one PagedAttention call: the paged path's continuous-batching engine.
+"""Many sequences in one PagedAttention call: the paged path's scheduler.
 
 Every live sequence is a sequence of the runner's block manager, so prefix reuse, eviction and
-the per-window pools serve them all.  Each :meth:`BatchEngine.step` is one ``infer`` whose
+the per-window pools serve them all.  Each :meth:`Scheduler.step` is one ``infer`` whose
 subsequences are the sequences' next tokens: one token for each sequence that is decoding,
 then prefill chunks of the sequences still reading their prompt, as far as the token budget
 (``max_num_batched_tokens``) goes; at most ``max_num_seqs`` sequences hold blocks at a time and
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,43 @@ import numpy as np
 from ...errors import CapacityError, UsageError
 from ...kv.blocks import OutOfBlocksError, PriorityRange
 from .runner import SYSTEM_PRIORITY, PagedRunner
+
+
+@dataclass
+class StepStats:
+    """What the scheduler's steps did, for ``kv_stats()``: steps run, the most sequences in
+    one, preemptions; the latest admitted prompt's reused and priority-held tokens; the
+    computed tokens of the last sequence finished; the last beam search's most distinct KV
+    blocks held at once and the bytes its copy-on-write forks moved.  ``latest``: a batched
+    prompt is the pipeline's last one (a lone run since, or a reset, clears it)."""
+
+    steps: int = 0
+    peak_batch: int = 0
+    preemptions: int = 0
+    reused_tokens: int = 0
+    held_tokens: int = 0
+    finished_tokens: int = 0
+    beam_peak_blocks: int = 0
+    beam_copied_bytes: int = 0
+    latest: bool = False
+
+    def prompt_admitted(self, reused: int, held: int) -> None:
+        self.reused_tokens, self.held_tokens, self.latest = reused, held, True
+
+    def report(self) -> dict[str, int]:
+        """The keys of ``Runner.stats`` these figures replace while ``latest``, and the beam
+        figures."""
+        out = {
+            "beam_peak_blocks": self.beam_peak_blocks,
+            "beam_copied_bytes": self.beam_copied_bytes,
+        }
+        if self.latest:
+            out.update(
+                reused_tokens=self.reused_tokens,
+                priority_held_tokens=self.held_tokens,
+                tokens_in_cache=self.finished_tokens,
+            )
+        return out
 
 
 @dataclass
@@ -54,8 +91,10 @@ class Live:
         return self.computed < len(self.tokens)
 
 
-class BatchEngine:
-    """Sequences submitted, fed and finished between steps over one :class:`PagedRunner`."""
+class Scheduler:
+    """Sequences submitted, fed and finished between steps over one :class:`PagedRunner`:
+    which of them run in the next call, how many of their tokens, and whose blocks go back
+    when the pools run out (the runner only runs the subsequences it is handed)."""
 
     def __init__(
         self,
@@ -72,7 +111,7 @@ class BatchEngine:
         self.runner = runner
         self.max_num_seqs = max_num_seqs
         # a step of one chunk's tokens, decode tokens included: the CPU's kernels run a step of
-        # 256 tokens in 72 ms and one of 272 in 120 ms (SmolLM2; docs/measurements.md)
+        # exactly one chunk much faster than one a little longer (docs/measurements.md)
         self.budget = max_batched_tokens or runner.chunk
         self.split_fuse = split_fuse
         self._windowed = runner.memory.windowed
@@ -82,17 +121,14 @@ class BatchEngine:
         self.waiting: deque[Live] = deque()
         self._handles = itertools.count()
         self._keys = itertools.count()
-        self.steps = self.preemptions = self.peak_batch = 0
+        self.stats = StepStats()
         runner.release()  # a lone sequence left over from an earlier call: cached, not live
 
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, tokens: list[int], held: int = 0) -> int:
         """A new sequence: ``tokens`` is its prompt, of which the first ``held`` (whole
         blocks of them) stay cached at SYSTEM_PRIORITY; it waits until there is room."""
-        if not tokens:
-            raise UsageError("prompt is empty: at least one token is needed")
-        if len(tokens) > self.runner.max_prompt_len:
-            raise CapacityError.prompt(len(tokens), self.runner.max_prompt_len)
+        self.runner.check_prompt(len(tokens))
         block = self.runner.cache.block_size
         held = min(max(0, int(held)), len(tokens)) // block * block
         seq = Live(next(self._handles), list(tokens), len(tokens), held)
@@ -130,6 +166,11 @@ class BatchEngine:
         child.key, child.computed = key, parent.computed
         return child.handle
 
+    @property
+    def capacity(self) -> int:
+        """Tokens one sequence may hold."""
+        return self.runner.capacity
+
     def remaining(self, handle: int) -> int:
         """Tokens the sequence may still be fed before its KV room is full."""
         return self.runner.capacity - len(self.live[handle].tokens)
@@ -139,7 +180,7 @@ class BatchEngine:
         seq = self.live.pop(handle)
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self.runner.finished_tokens = seq.computed  # kv_stats' tokens_in_cache
+        self.stats.finished_tokens = seq.computed  # kv_stats' tokens_in_cache
         self._release(seq)
 
     @property
@@ -150,14 +191,15 @@ class BatchEngine:
     def step(self) -> dict[int, np.ndarray]:
         """Run one batched call; the next-token logits of each sequence that got them.  The
         rows are views of the request's output, which the next step overwrites: copy what
-        must outlive it (a copy of every row cost ~2.5 % of a 16-prompt batch)."""
-        with self.runner._writing():
+        must outlive it (a copy of every row costs a batch measurable time)."""
+        with self.runner.writing():
             plan = self._schedule()
             if not plan:
                 raise RuntimeError("no sequence could run: the KV pools hold none of them")
-            logits = self._infer(plan)
-        self.steps += 1
-        self.peak_batch = max(self.peak_batch, len(plan))
+            parts = [(seq.key, np.asarray(seq.tokens[b:e], np.int64), b) for seq, b, e in plan]
+            logits = self.runner.last_logits(parts)  # valid until the next step (see above)
+        self.stats.steps += 1
+        self.stats.peak_batch = max(self.stats.peak_batch, len(plan))
         out: dict[int, np.ndarray] = {}
         for (seq, _, end), row in zip(plan, logits, strict=True):
             seq.computed = end
@@ -214,8 +256,7 @@ class BatchEngine:
                 raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
             self.waiting.popleft()
             seq.key, seq.computed = key, start
-            # the runner's accounting of the latest prompt, as a lone run keeps it
-            self.runner.reused_tokens, self.runner.held_tokens = start, seq.held
+            self.stats.prompt_admitted(start, seq.held)  # as a lone run accounts its prompt
             plan.append((seq, start, end))
             budget -= end - start
         return plan
@@ -242,7 +283,7 @@ class BatchEngine:
         other sequences while the pools are full.  False: ``seq`` itself was preempted."""
         new = seq.tokens[seq.computed : end]
         # a prompt's blocks are stored for reuse; generated ones as a lone run stores them
-        store = end <= seq.prompt_len or self.runner._store_steps
+        store = end <= seq.prompt_len or self.runner.stores_generated
         while True:
             try:
                 self.runner.blocks.add_tokens(seq.key, new, store=store)
@@ -264,7 +305,7 @@ class BatchEngine:
     def _preempt(self, seq: Live) -> None:
         self._release(seq)
         seq.computed, seq.preemptions = 0, seq.preemptions + 1
-        self.preemptions += 1
+        self.stats.preemptions += 1
         self.waiting.appendleft(seq)
 
     def _release(self, seq: Live) -> None:
@@ -272,10 +313,15 @@ class BatchEngine:
             self.runner.blocks.remove_sequence(seq.key)
         seq.key = None
 
-    def _infer(self, plan: list[tuple[Live, int, int]]) -> np.ndarray:
-        """One call over the plan's subsequences; one logits row per subsequence."""
-        parts = [(seq.key, np.asarray(seq.tokens[b:e], np.int64), b) for seq, b, e in plan]
-        logits = self.runner.run(parts)
-        if not self.runner._rows_input:  # full logits (perplexity mode): each part's last
-            logits = logits[np.cumsum([e - b for _, b, e in plan]) - 1]
-        return logits  # the request's own output: valid until the next step (see step)
+    # -- what beam search asks of its sequences ------------------------------------------------
+    @property
+    def moved_bytes(self) -> int:
+        """KV bytes the host moved so far (a fork's copy-on-write block copies among them)."""
+        return self.runner.host_bytes_copied
+
+    def distinct_blocks(self, handles: Sequence[int]) -> int:
+        """How many distinct blocks of the full-attention pool (the widest window's, if none
+        is full) the admitted sequences among ``handles`` hold together."""
+        window = max(self.runner.memory.plan.primary)
+        keys = [self.live[h].key for h in handles if self.live[h].admitted]
+        return len({b for k in keys for b in self.runner.blocks.block_table(k, window)})

@@ -1,6 +1,6 @@
 """Many prompts, and several samples of a prompt, generated together: each sequence's token
-loop (:func:`~.decode.decode_loop`) driven by the paged path's batch engine, one step at a time
-for all of them (:class:`~npuw_kv.runtime.paged.batch.BatchEngine`)."""
+loop (:func:`~.decode.decode_loop`) fed by the paged path's scheduler, one step at a time for
+all of them (:class:`~npuw_kv.runtime.paged.scheduler.Scheduler`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
-from ..runtime.paged.batch import BatchEngine
+from ..runtime.paged.scheduler import Scheduler
 from .beam_search import BeamJob
 from .decode import decode_loop, sample_rng
 from .logits_process import LogitsConstraint
@@ -40,20 +40,20 @@ it alone (its streamer raised, a sampling setting failed) or ended every request
 (the model call failed)."""
 
 
-class BatchDriver:
-    """Token loops whose logits come from one batch engine's steps: each added sample is a
-    :func:`~.decode.decode_loop` and a sequence of the engine, fed the token its loop chose.
-    An error in one loop ends that sequence only."""
+class TokenLoops:
+    """Token loops whose logits come from one scheduler's steps: each added sample is a
+    :func:`~.decode.decode_loop` and a sequence of the scheduler, fed the token its loop
+    chose.  An error in one loop ends that sequence only."""
 
     def __init__(
-        self, engine: BatchEngine, tokenizer: Any, position_limit: int | None = None
+        self, scheduler: Scheduler, tokenizer: Any, position_limit: int | None = None
     ) -> None:
-        self.engine, self.tokenizer = engine, tokenizer
+        self.scheduler, self.tokenizer = scheduler, tokenizer
         self.position_limit = position_limit
-        self.loops: dict[int, Loop] = {}  # engine handle -> its sequence's loop
+        self.loops: dict[int, Loop] = {}  # scheduler handle -> its sequence's loop
         self.times: dict[int, BatchTimes] = {}  # loop's or beam search's handle -> its times
         self.jobs: dict[int, BeamJob] = {}  # beam search's handle (its root) -> the search
-        self.beams: dict[int, BeamJob] = {}  # live beam's engine handle -> its search
+        self.beams: dict[int, BeamJob] = {}  # live beam's scheduler handle -> its search
 
     @property
     def running(self) -> bool:
@@ -74,14 +74,14 @@ class BatchDriver:
     ) -> int:
         """Sample ``sample`` of prompt ``ids`` (its own random generator,
         :func:`~.decode.sample_rng`), its text streamed to ``streamer``, its first ``held``
-        tokens kept cached at a chat system prompt's priority; its engine handle."""
-        handle = self.engine.submit([int(t) for t in ids.reshape(-1)], held)
+        tokens kept cached at a chat system prompt's priority; its scheduler handle."""
+        handle = self.scheduler.submit([int(t) for t in ids.reshape(-1)], held)
         loop = decode_loop(
             self.tokenizer,
             ids,
             config,
             streamer,
-            lambda: self.engine.remaining(handle),
+            lambda: self.scheduler.remaining(handle),
             self.position_limit,
             constraint,
             sample_rng(config.rng_seed, sample),
@@ -89,7 +89,7 @@ class BatchDriver:
         try:
             next(loop)
         except BaseException:
-            self.engine.finish(handle)
+            self.scheduler.finish(handle)
             raise
         self.loops[handle] = loop
         if times is not None:
@@ -101,7 +101,7 @@ class BatchDriver:
     ) -> int:
         """A beam search over prompt ``ids`` (:class:`~.beam_search.BeamJob`); its handle,
         under which its results come."""
-        job = BeamJob(self.engine, self.tokenizer, ids, config, self.position_limit)
+        job = BeamJob(self.scheduler, self.tokenizer, ids, config, self.position_limit)
         self.jobs[job.root] = job
         self.beams[job.root] = job
         if times is not None:
@@ -109,12 +109,12 @@ class BatchDriver:
         return job.root
 
     def step(self) -> tuple[dict[int, int], dict[int, Outcome]]:
-        """One engine step: the token each sequence chose (and was fed), and the outcomes of
+        """One scheduler step: the token each sequence chose (and was fed), and the outcomes of
         those that finished (their blocks given back).  If the model call fails, every
         sequence ends with its error."""
         start = time.perf_counter() * 1e6
         try:
-            ready = self.engine.step()
+            ready = self.scheduler.step()
         except Exception as exc:
             failed: dict[int, Outcome] = dict.fromkeys([*self.loops, *self.jobs], exc)
             self.close()
@@ -156,7 +156,7 @@ class BatchDriver:
                 continue
             assert token is not None
             tokens[handle] = token
-            self.engine.feed(handle, token)
+            self.scheduler.feed(handle, token)
         return tokens, done
 
     def _track(self, job: BeamJob) -> None:
@@ -172,17 +172,17 @@ class BatchDriver:
         if job is not None:
             if times is not None:
                 times.beam_steps += job.steps
-                times.preemptions += sum(self.engine.live[h].preemptions for h in job.live)
+                times.preemptions += sum(self.scheduler.live[h].preemptions for h in job.live)
             job.close()
             for beam in [h for h, j in self.beams.items() if j is job]:
                 del self.beams[beam]
-            self.engine.runner.beam_peak_blocks = job.peak_blocks
-            self.engine.runner.beam_copied_bytes = job.copied_bytes
+            self.scheduler.stats.beam_peak_blocks = job.peak_blocks
+            self.scheduler.stats.beam_copied_bytes = job.copied_bytes
             return
         if times is not None:
-            times.preemptions += self.engine.live[handle].preemptions
+            times.preemptions += self.scheduler.live[handle].preemptions
         self.loops.pop(handle).close()
-        self.engine.finish(handle)
+        self.scheduler.finish(handle)
 
     def close(self) -> None:
         """End every request still running (after an error)."""
@@ -191,7 +191,7 @@ class BatchDriver:
 
 
 def generate_batch(
-    engine: BatchEngine,
+    scheduler: Scheduler,
     tokenizer: Any,
     prompts: Sequence[np.ndarray],
     configs: Sequence[GenerationConfig],
@@ -200,11 +200,11 @@ def generate_batch(
     times: BatchTimes | None = None,
 ) -> list[list[GenerationResult]]:
     """Each prompt's ``num_return_sequences`` results, the prompt's config applied to it; all
-    sequences (and beam searches) run in the engine's steps together.  Each sample has its own
+    sequences (and beam searches) run in the scheduler's steps together.  Each sample has its own
     random generator (:func:`~.decode.sample_rng`), so the samples equal those run one after
     another."""
-    driver = BatchDriver(engine, tokenizer, position_limit)
-    slot: dict[int, tuple[int, int]] = {}  # engine handle -> (prompt, sample)
+    driver = TokenLoops(scheduler, tokenizer, position_limit)
+    slot: dict[int, tuple[int, int]] = {}  # scheduler handle -> (prompt, sample)
     results: list[list[GenerationResult]] = []
     try:
         for index, (ids, config) in enumerate(zip(prompts, configs, strict=True)):
