@@ -104,13 +104,10 @@ COMPILER_CACHE_BYTES = 64 << 20  # compiled grammars kept per tokenizer (xgramma
 def _backend(tokenizer: openvino_genai.Tokenizer, vocab_size: int) -> _Backend:
     """xgrammar's ``TokenizerInfo`` and ``GrammarCompiler`` for ``tokenizer``, built once.
 
-    Measured for SmolLM2's 49,152 tokens on this project's 2-core machine: building them takes
-    0.12-0.2 s (``get_vocab`` 0.03-0.04 s, the two batch decodes that find the special tokens
-    0.06-0.1 s, the ``TokenizerInfo`` 0.02 s), 0.4-0.6 s when the tokenizer has never decoded
-    before; a cached lookup takes ~20 us.  Importing xgrammar once per process costs 2-4 s more
-    (it imports torch and transformers), paid on the first structured request only.  The
-    compiler caches compiled grammars too: a small JSON schema compiles in ~5-7 ms, a short
-    regex in ~0.5 ms, the same one again in ~0.1 ms; one mask costs ~0.05 ms.
+    Building them reads the whole vocabulary and decodes the special tokens, a cost worth
+    paying once per tokenizer rather than per request; importing xgrammar (it imports torch and
+    transformers) is paid on the first structured request only.  The compiler caches compiled
+    grammars too (the figures: docs/measurements.md, "Figures behind the code's choices").
     """
     xgr = xgrammar_module()
     with _LOCK:

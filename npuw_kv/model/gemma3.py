@@ -13,7 +13,7 @@ conversion goes the optimum-intel way, as ``models/make_smollm2_optimum_ir.py`` 
 SmolLM2: transformers loads the GGUF (dequantizing Q4_K/Q6_K to f32), optimum-intel exports a
 stateful IR with fp16 weights, and the tokenizer is rebuilt from the GGUF's own metadata
 (:mod:`npuw_kv.model.gguf_tokenizer`: transformers' GGUF tokenizer for this file is
-character-level and drops ``<bos>``).  About 45 s on two cores; 536 MiB of IR.
+character-level and drops ``<bos>``).  It takes under a minute on two cores, once.
 
 optimum-intel 2.2 caps its Gemma export configs at transformers 5.0; the export here passes
 the ``gemma3_text`` config with that cap lifted through ``custom_export_configs`` (the way

@@ -1,14 +1,14 @@
 """Cut the token embedding and the LM head out of the prepared model.
 
 Every model NPUW compiles keeps its own copy of what lies outside the repeated layers: the
-embedding table it gathers from on the host and the LM head's matrix (on SmolLM2 each is
-49152 x 576, ~57 MB in f16; measured: a second compile of one static model cost ~230 MB, ~16 MB
-once both are cut).  A ladder of static models by past length (pyramid prefill, generate
-variants) would pay that per model.  So the static-shape path runs three parts instead: the
-embedding gather compiled once (dynamic length, CPU), the body (one static model per shape,
-taking ``inputs_embeds`` and returning the last position's hidden state, weights in one NPUW
-bank), and the head compiled once on the body's device.  This is what NPUW's own
-``NPUW_LLM_SHARED_HEAD`` does for the head.
+embedding table it gathers from on the host and the LM head's matrix (on SmolLM2 each is 49152 x
+576; a second compile of one static model costs far less once both are cut: docs/measurements.md,
+"Figures behind the code's choices").  A ladder of static models by past length (pyramid prefill,
+generate variants) would pay that per model.  So the static-shape path runs three parts instead: the
+embedding gather compiled once (dynamic length, CPU), the body (one static model per shape, taking
+``inputs_embeds`` and returning the last position's hidden state, weights in one NPUW bank), and the
+head compiled once on the body's device.  This is what NPUW's own ``NPUW_LLM_SHARED_HEAD`` does for
+the head.
 """
 
 from __future__ import annotations

@@ -305,10 +305,10 @@ def set_kv_precision(model: ov.Model, layout: KVLayout, dtype: str) -> int:
 def _join_stored(param: ov.Node, upcast: ov.Node, rounded: ov.Node) -> None:
     """Concat the stored past and the stored new KV, then upcast the joined tensor once.
 
-    Upcasting the past before the Concat gives every compiled model a buffer of the whole past
-    in the compute type besides the Concat's own: on NPUW over the CPU plugin, with f16 KV at
-    4k, ~10-12 MB per static model (peak RSS of the lean ladders 1007 -> 968 MB).  The values
-    are the same (f16 and bf16 widen to f32 exactly).  Shape readers read the past itself.
+    Upcasting the past before the Concat gives every compiled model a buffer of the whole past in
+    the compute type besides the Concat's own, per static model (docs/measurements.md, "f16 KV
+    joined before the upcast").  The values are the same (f16 and bf16 widen to f32 exactly).
+    Shape readers read the past itself.
     """
     readers = list(upcast.output(0).get_target_inputs())
     joins = [r for r in readers if r.get_node().get_type_name() != "ShapeOf"]

@@ -22,19 +22,18 @@ def device_properties(decided: Decided[PipelineConfig]) -> tuple[str, dict[str, 
     On NPU the two static models share their weights the way NPUW's own LLM pipeline does:
     ``NPUW_FOLD`` turns the repeated layers into one function whose weights are inputs held in
     a weights bank, and one ``NPUW_WEIGHTS_BANK`` per pipeline lets prefill and generate read
-    the same bank (measured on SmolLM2: peak RSS 1345 -> 804 MB).  ``NPUW_FUNCALL_FOR_ALL``
+    the same bank (one copy of the weights, not one per model).  ``NPUW_FUNCALL_FOR_ALL``
     makes every sub-graph a function, so the weights outside the repeated layers go to the bank
     too; without it NPUW cannot fold optimum-intel's fp16 export at all ("unordered_map::at")
-    and each static model holds its own weights (SmolLM2 fp16, 1k bench: 2301 -> 1110 MB peak
-    RSS, NPUW's own LLM pipeline 1138 MB).  An f32 precision hint also
+    and each static model holds its own weights.  An f32 precision hint also
     turns off NPUW's f16 tensors between sub-graphs (``NPUW_F16IC``), which otherwise round the
-    result (|dlogit| 3e-2 -> 5e-5); so does a model whose activations leave the f16 range
-    (:func:`~npuw_kv.model.source.wide_activations`), where they would overflow to NaN
+    result; so does a model whose activations leave the f16 range
+    (:func:`~npuw_kv.model.families.wide_activations`), where they would overflow to NaN
     (``Decided.npuw_f16``).  ``NPUW_DQ`` applies a channel-wise compressed weight's scale
     after its MatMul instead of to the weight (NPUW's own LLM pipeline sets it for both phases
-    of such a model): int4 Llama-3.2-1B shape, 1000-token prompt, decode 854 -> 779 ms/token,
-    TTFT 5.12 -> 4.73 s on NPUW's CPU stand-in (NPUW's own pipeline 772 / 4.55); no change on
-    models it does not match (SmolLM2 Q4_1's groups).  Any of these set explicitly wins.
+    of such a model; it changes nothing on models it does not match, such as SmolLM2 Q4_1's
+    groups).  Any of these set explicitly wins.  The figures behind each: docs/measurements.md,
+    "Figures behind the code's choices".
     """
     config = decided.config
     props: dict[str, Any] = {}
@@ -69,12 +68,11 @@ def limit_runtime_cache(props: dict[str, Any]) -> dict[str, Any]:
     A PagedAttention model runs chunks of every length (a prompt's last chunk, the answer's
     steps) through one dynamic-shape model, and the plugin keeps the executors it built for
     each input shape in an LRU cache (``CPU_RUNTIME_CACHE_CAPACITY``, 5000 entries), oneDNN
-    their primitives in another (see ``heap.limit_primitive_cache``): about 1 MB more resident
-    memory per new prompt length (SmolLM2, prompts of 20..1020 tokens: 434 -> 670 MB over 300
-    calls, still rising; with both caches small: 423 -> 426 MB).  20 entries cost no speed we
-    could measure (a varied-length loop, a chat, ``npuw-kv bench --quick``: within the noise,
-    also with 32 or 48); the layers still share one executor per shape.  With none (0) each
-    layer builds its own: +120 MB and ~35 % more CPU time.
+    their primitives in another (see ``heap.limit_primitive_cache``): resident memory grows
+    with every new prompt length.  20 entries cost no speed we could measure, and the layers
+    still share one executor per shape; with none (0) each layer builds its own, which costs
+    both memory and time (the figures: docs/measurements.md, "Figures behind the code's
+    choices").
     """
     if any(str(key).upper() == "CPU_RUNTIME_CACHE_CAPACITY" for key in props):
         return props

@@ -1,28 +1,25 @@
 """Keep memory the pipeline no longer uses out of the resident set: glibc's heap, oneDNN's cache.
 
 Compiling an OpenVINO model builds and drops many temporary graphs.  glibc keeps that freed
-memory in its arenas, so it stays in the process's resident set for the pipeline's lifetime:
-with SmolLM2 on CPU, 14 MB after loading and 12 MB of the run's peak RSS (README, "Speed and
-memory").  ``malloc_trim(0)`` releases the free pages; nothing in use moves.
+memory in its arenas, so it stays in the process's resident set for the pipeline's lifetime.
+``malloc_trim(0)`` releases the free pages; nothing in use moves.
 
-While it runs, the CPU plugin's dynamic-shape model re-sizes buffers of a few hundred KB each
-time a request switches between the prefill and the generate shapes.  glibc serves those from
-its arenas once its adaptive mmap threshold has risen (it does after the first large free), and
-the holes they leave add up request by request: +25 MB over 8 requests with SmolLM2 and
-MIN_RESPONSE_LEN=1024.  A fixed threshold of 256 KiB gives such blocks their own mappings,
+While it runs, the CPU plugin's dynamic-shape model re-sizes buffers of a few hundred KB each time a
+request switches between the prefill and the generate shapes. glibc serves those from its arenas
+once its adaptive mmap threshold has risen (it does after the first large free), and the holes they
+leave add up request by request.  A fixed threshold of 256 KiB gives such blocks their own mappings,
 which go back to the OS when freed; the resident set then stays flat.
 
 oneDNN (inside the CPU plugin) keeps the primitives it builds in a process-wide cache of 1024,
 whether the plugin still uses them or not.  A PagedAttention model builds new ones for each new
-prompt length, so with the plugin's own cache kept small (``runtime/device.py``) oneDNN's
-held what it dropped: +11 % RSS over 80 prompts of varied length, still rising.  No cache at
-all kept that flat, but NPUW on the CPU then JIT-compiled a reorder kernel for every strided
-KV view (a past ``[0, P)`` of the shared buffer, a present slot) on every call: ~120
-``mmap``/``munmap`` pairs a prefill chunk, decode 1.18-1.45x and 4k TTFT 1.07-1.10x slower
-(docs/measurements.md, "oneDNN's primitive cache").  A cache of ``PRIMITIVE_CACHE_CAPACITY``
-holds what both paths reuse: the paged path stays flat (+3 MB) and the NPU path builds nothing
-per call.  oneDNN reads its size from the environment once, when it builds its first
-primitive, which loading a tokenizer already does: hence it is set when this module is
+prompt length, so with the plugin's own cache kept small (``runtime/device.py``) oneDNN's held what
+it dropped, rising with every new length.  No cache at all kept that flat, but NPUW on the CPU then
+JIT-compiled a reorder kernel for every strided KV view (a past ``[0, P)`` of the shared buffer, a
+present slot) on every call, which slowed decode and prefill.  A cache of
+``PRIMITIVE_CACHE_CAPACITY`` holds what both paths reuse: the paged path stays flat and the NPU path
+builds nothing per call (the figures: docs/measurements.md, "oneDNN's primitive cache" and "Figures
+behind the code's choices"). oneDNN reads its size from the environment once, when it builds its
+first primitive, which loading a tokenizer already does: hence it is set when this module is
 imported, unless the user set it.
 """
 
