@@ -106,6 +106,43 @@ def pytest_sessionstart(session) -> None:
         resolve_model(None)
 
 
+# the fixtures below that read, convert or compile a model
+MODEL_FIXTURES = {
+    "smol_dir", "smol_tokenizer", "text_ids", "genai_reference", "reference_logits",
+    "smol_pipe", "any_pipe", "tiny_dir", "tiny_reference", "f32_pipe", "genai_f32_pipe",
+}  # fmt: skip
+
+
+class UnitTierError(AssertionError):
+    """A test marked ``unit`` compiled a model: it belongs to the full suite, not the quick tier."""
+
+
+def check_unit_fixtures(nodeid: str, fixturenames: list[str]) -> None:
+    """A model fixture is built before a unit test's own fixtures run (a wider scope), so it is
+    refused by name instead."""
+    models = MODEL_FIXTURES.intersection(fixturenames)
+    if models:
+        raise UnitTierError(f"{nodeid} is marked unit but uses {sorted(models)}")
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_builds_no_model(request, monkeypatch) -> None:
+    """A ``unit`` test may not compile a model or build a pipeline: the quick tier
+    (``pytest -m unit``) stays quick because this is checked, not hoped for."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    check_unit_fixtures(request.node.nodeid, request.fixturenames)
+
+    def refuse(*args, **kwargs):
+        raise UnitTierError(
+            f"{request.node.nodeid} is marked unit but builds a model: drop its unit mark"
+        )
+
+    monkeypatch.setattr(ov.Core, "compile_model", refuse)
+    monkeypatch.setattr(openvino_genai, "LLMPipeline", refuse)
+    monkeypatch.setattr(openvino_genai, "ContinuousBatchingPipeline", refuse)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Files with a ``slow`` test run first, the longest first, whole files kept together.
 

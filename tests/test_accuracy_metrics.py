@@ -11,6 +11,8 @@ from npuw_kv.tools.accuracy import metrics
 from npuw_kv.tools.accuracy.report import markdown, table
 from npuw_kv.tools.accuracy.result import Result
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def test_first_divergence():
     assert metrics.first_divergence([1, 2, 3], [1, 2, 3]) is None

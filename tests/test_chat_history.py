@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from npuw_kv.api.chat_history import fit_history
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 def _count(messages: list[dict[str, str]]) -> int:

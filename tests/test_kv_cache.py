@@ -8,6 +8,8 @@ import pytest
 from npuw_kv.kv.cache import KVSpec, SharedKVCache
 from npuw_kv.kv.copy import CopyCounter, relayout, safe_copy
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def make_cache(capacity=10):
     return SharedKVCache([KVSpec("k0", 3, 4), KVSpec("v0", 3, 4)], capacity, "f32")

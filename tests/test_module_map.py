@@ -6,10 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import module_map  # noqa: E402
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 def test_the_design_docs_module_map_is_current() -> None:

@@ -13,6 +13,8 @@ from npuw_kv.runtime.static.plan import (
     prefill_inputs,
 )
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 @pytest.mark.parametrize(
     ("n", "chunks", "pad"), [(1, 1, 3), (3, 1, 1), (4, 1, 0), (5, 2, 3), (8, 2, 0)]

@@ -10,6 +10,8 @@ from npuw_kv.kv.copy import CopyCounter
 from npuw_kv.model.layout import KVLayout, KVPort
 from npuw_kv.runtime.static.prefix_store import HostPrefixCache
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 HEADS, DIM, LAYERS, SLOTS = 2, 8, 3, 256
 
 

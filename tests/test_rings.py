@@ -9,6 +9,8 @@ import pytest
 from npuw_kv.kv.slots import plan_rings, ring_segments, ring_slots
 from npuw_kv.runtime.static.rings import ring_keeps, window_mask
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def test_ring_is_window_plus_chunk_in_whole_chunks():
     assert ring_slots(512, 256) == 768

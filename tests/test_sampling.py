@@ -8,6 +8,8 @@ import pytest
 from npuw_kv.api.generation_config import GenerationConfig
 from npuw_kv.generation.sampling import Sampler
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def test_top_k_1_is_greedy_even_on_tied_logits():
     """bf16 logits tie often; top_k=1 must keep exactly one token, argmax's."""

@@ -1,11 +1,15 @@
-"""The suite's own scheduling (conftest.py): files with slow tests first, each file kept whole."""
+"""The suite's own scheduling (conftest.py): files with slow tests first, each file kept whole;
+and the quick tier's guard (a ``unit`` test builds no model)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import openvino as ov
 import pytest
-from conftest import pytest_collection_modifyitems
+from conftest import UnitTierError, check_unit_fixtures, pytest_collection_modifyitems
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 @dataclass
@@ -41,3 +45,17 @@ def test_slow_files_go_first_longest_first_and_files_stay_whole() -> None:
         "tests/test_a.py::two",
         "tests/test_d.py::z",
     ]
+
+
+def test_a_unit_test_that_compiles_a_model_fails() -> None:
+    """The quick tier's guard: inside a ``unit`` test, compiling is an error."""
+    param = ov.opset13.parameter([1, 4], ov.Type.f32)
+    model = ov.Model([ov.opset13.relu(param)], [param])
+    with pytest.raises(UnitTierError, match="marked unit but builds a model"):
+        ov.Core().compile_model(model, "CPU")
+
+
+def test_a_unit_test_that_takes_a_model_fixture_fails() -> None:
+    check_unit_fixtures("t.py::ok", ["tmp_path", "request"])
+    with pytest.raises(UnitTierError, match=r"uses \['f32_pipe'\]"):
+        check_unit_fixtures("t.py::bad", ["tmp_path", "f32_pipe"])

@@ -7,6 +7,8 @@ from blocks_helpers import build
 
 from npuw_kv.kv.blocks import PoolKind
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def test_detach_at_exact_token_counts() -> None:
     # window 8, 4 tokens per block: detach while n - detached*4 >= 8 + 4

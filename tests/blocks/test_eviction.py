@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from blocks_helpers import Runtime, build, fill_rows, rows
 
 from npuw_kv.kv.blocks import (
@@ -14,6 +15,8 @@ from npuw_kv.kv.blocks import (
 )
 from npuw_kv.kv.blocks.block import EMPTY_LEVEL, KVBlock
 from npuw_kv.kv.blocks.eviction import EvictionQueue
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 def test_queue_orders_by_priority_then_lru() -> None:

@@ -8,6 +8,8 @@ import pytest
 
 from npuw_kv.kv.blocks import BlockManagerConfig, KVBlockManager, LayerSpec, PoolKind
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 class ExternalStore:
     """Blocks of one window as a runtime holds them: a row of 2 floats per token and slot."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from blocks_helpers import build
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 def test_chain_cut_by_evicting_a_cached_ancestor_is_stored_when_the_sequence_ends() -> None:

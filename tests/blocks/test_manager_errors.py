@@ -21,6 +21,8 @@ from npuw_kv.kv.blocks import (
     uniform_layers,
 )
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def _state(mgr: KVBlockManager) -> tuple:
     return mgr.stats(), {

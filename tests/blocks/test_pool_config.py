@@ -24,6 +24,8 @@ from npuw_kv.kv.blocks import (
     with_env_shares,
 )
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 MiB = 1 << 20
 
 

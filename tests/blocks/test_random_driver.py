@@ -19,6 +19,8 @@ from npuw_kv.kv.blocks import reclaim as reclaim_module
 from npuw_kv.kv.blocks import window_manager as wm_module
 from npuw_kv.kv.blocks.reclaim import Reclaimer
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 OPS = 25_000
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 from blocks_helpers import Runtime, build
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,8 @@ from npuw_kv.kv.blocks import (
 )
 from npuw_kv.kv.blocks.block import EMPTY_LEVEL
 from npuw_kv.kv.blocks.sequence import min_live_blocks
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 def test_host_block_emptied_for_an_offload_is_not_recached_through_a_stale_slot() -> None:

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from npuw_kv.kv.blocks import ConfigError, KVBlockManager
 from npuw_kv.kv.blocks.reuse_tree import chain_hash
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def test_full_attention_stores_blocks_as_they_fill() -> None:
     mgr = build([4, None], [8, 16], max_seq_len=16, tpb=2)

@@ -25,6 +25,8 @@ from npuw_kv.kv.blocks.sequence import (
     min_live_blocks,
 )
 
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
+
 
 def _reference(max_seq_len: int, window: int, tpb: int, chunk: int) -> int:
     """The definition: the peak over every start ``n`` of a call of at most ``chunk`` tokens."""

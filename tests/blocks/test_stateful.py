@@ -247,6 +247,7 @@ class BlockMachine(RuleBasedStateMachine):
             OPS["copies"] += sum(w.counters.copied_blocks for w in st_.windows.values())
 
 
+# builds no model, but a soak of 10**5 operations is no quick test: the full suite runs it
 @pytest.mark.slow(seconds=220)
 def test_random_operations() -> None:
     """Runs the machine in rounds until >= 10**5 operations on valid targets have been checked.
@@ -272,5 +273,6 @@ def test_random_operations() -> None:
     assert OPS["errors"] > 0 and OPS["copies"] > 0 and OPS["cached_checked"] > 0
 
 
+@pytest.mark.unit  # builds no model (the quick tier)
 def test_fingerprint_helper_depends_on_the_whole_prefix() -> None:
     assert fingerprints([1, 2])[1] != fingerprints([3, 2])[1]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from blocks_helpers import build
+
+pytestmark = pytest.mark.unit  # builds no model (the quick tier)
 
 
 def test_hits_misses_rate_free_blocks_and_bytes() -> None:
