@@ -10,6 +10,7 @@ import math
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
+from conftest import make_tiny_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,8 +18,8 @@ from npuw_kv import GenerationConfig, LLMPipeline
 from npuw_kv.cli import commands
 from npuw_kv.config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
+from npuw_kv.model.source import resolve_model
 
-pytestmark = pytest.mark.slow(seconds=150)
 
 # a small KV room: whatever a case asks for, generation ends within ~100 tokens
 SMALL = {"max_prompt_len": 64, "min_response_len": 32, "prefill_chunk_size": 64, **EXACT_F32}
@@ -38,8 +39,14 @@ VALUES = (
 
 
 @pytest.fixture(scope="module")
-def pipe(smol_dir):
-    return LLMPipeline(smol_dir, "CPU", **SMALL)
+def pipe(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer and chat template: what is fuzzed is how
+    ``generate`` and the CLI take their arguments, not the model, and the tiny one answers in
+    a millisecond a token (SmolLM2 at exact f32: ~25 ms)."""
+    root = tmp_path_factory.mktemp("fuzz")
+    gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
+    model = resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
+    return LLMPipeline(model, "CPU", **SMALL)
 
 
 @pytest.fixture(scope="module")
