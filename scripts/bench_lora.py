@@ -77,7 +77,8 @@ def main() -> None:
         base.runner.forget_prefixes()
         runs["base"].append(call(base))
         started = time.perf_counter()
-        lora._use_adapters(lora._lora.alphas(on) if lora._lora else None)
+        engine = lora.engine
+        engine.use_adapters(engine.lora.alphas(on) if engine.lora else None)
         switches.append(1000 * (time.perf_counter() - started))
         lora.runner.forget_prefixes()
         runs["alpha 1"].append(call(lora, adapters=on))

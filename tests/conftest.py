@@ -6,6 +6,10 @@ Nothing here skips: if the model package or OpenVINO is missing, the fixtures fa
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
 import sys
 from functools import cache
 from pathlib import Path
@@ -237,6 +241,26 @@ def any_pipe(request, smol_dir: Path) -> LLMPipeline:
     return pipe
 
 
+def shared_tiny_ir(tmp_path_factory: pytest.TempPathFactory, out: Path, **kwargs) -> Path:
+    """``make_tiny_optimum_ir(out, **kwargs)``, exported once per test run: each export costs
+    seconds of torch and optimum-intel, and several test files ask for the same tiny model.
+    The first caller (in whichever xdist worker) exports it into a folder the workers share,
+    under a file lock; every caller gets its own copy at ``out`` (tests may change theirs)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    key = hashlib.sha256(repr(sorted(kwargs.items())).encode()).hexdigest()[:16]
+    entry = shared / "tiny-ir-exports" / key
+    entry.mkdir(parents=True, exist_ok=True)
+    with open(entry / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (entry / "done").exists():
+            shutil.rmtree(entry / "ir", ignore_errors=True)  # a worker that died part-way
+            make_tiny_optimum_ir(entry / "ir", **kwargs)
+            (entry / "done").touch()
+    shutil.copytree(entry / "ir", out)
+    return out
+
+
 @pytest.fixture(scope="module", params=["gguf", "optimum-intel"])
 def tiny_dir(request, tmp_path_factory) -> Path:
     """A tiny random Llama (4 query / 2 KV heads, head_dim 16, 2 layers) from both sources: a
@@ -245,7 +269,7 @@ def tiny_dir(request, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     if request.param == "optimum-intel":
         # needs the `optimum` extra and optimum-intel (README's test command installs both)
-        return resolve_model(make_tiny_optimum_ir(root / "ir", std=0.2, seed=3))
+        return resolve_model(shared_tiny_ir(tmp_path_factory, root / "ir", std=0.2, seed=3))
     gguf = make_tiny_gguf(root / "tiny.gguf", std=0.2, seed=3, dtype="Q8_0")
     return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
 

@@ -20,7 +20,6 @@ from npuw_kv.config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.model.source import resolve_model
 
-
 # a small KV room: whatever a case asks for, generation ends within ~100 tokens
 SMALL = {"max_prompt_len": 64, "min_response_len": 32, "prefill_chunk_size": 64, **EXACT_F32}
 FIELDS = [f.name for f in dataclasses.fields(GenerationConfig)]

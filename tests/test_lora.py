@@ -16,6 +16,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 import pytest
+from conftest import shared_tiny_ir
 
 import npuw_kv
 from npuw_kv import Adapter, AdapterConfig, LLMPipeline
@@ -27,7 +28,6 @@ from npuw_kv.model.source import resolve_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_lora_adapter import make_lora_adapter, merge_lora, write_safetensors  # noqa: E402
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402
-from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 NEW = 16
 PATHS = {
@@ -43,7 +43,7 @@ def lora(tmp_path_factory) -> dict[str, object]:
     """The tiny IR, two adapters (all seven projections at rank 4; q and down at rank 2) and
     genai's exact f32 tokens for the base model and for merged combinations."""
     root = tmp_path_factory.mktemp("lora")
-    ir = make_tiny_optimum_ir(root / "ir", std=0.2, seed=3)
+    ir = shared_tiny_ir(tmp_path_factory, root / "ir", std=0.2, seed=3)
     first = make_lora_adapter(ir, root / "first.safetensors", rank=4, std=0.3, seed=1)
     second = make_lora_adapter(
         ir, root / "second.safetensors", rank=2, std=0.3, seed=2, targets=("q_proj", "down_proj")

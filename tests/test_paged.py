@@ -181,7 +181,7 @@ def test_prefix_cache_tokens_keep_earlier_prompts_beside_a_full_sequence(smol_di
     window = next(iter(pipe.runner.blocks.stats().windows.values()))
     assert window.counters.removed_blocks == 0 and pipe.kv_stats()["kv_capacity_tokens"] == 296
     result = pipe.generate(text[:180], max_new_tokens=30, ignore_eos=True)
-    assert result.finish_reason == "length" and pipe.runner.tokens_in_cache == 200
+    assert result.finish_reason == "length" and pipe.kv_stats()["tokens_in_cache"] == 200
 
 
 def test_auto_falls_back_to_the_static_path_when_paged_attention_does_not_compile(

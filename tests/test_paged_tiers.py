@@ -8,21 +8,17 @@ the prompts (up to 120 tokens) span several 32-token blocks, so pools of a few b
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_pipe
+from conftest import make_pipe, shared_tiny_ir
 
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.blocks import SHARES_ENV
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime.paged.runner import SYSTEM_PRIORITY
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 C, WINDOW, BLOCK = 16, 8, 32
 SETTINGS = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=40, **EXACT_F32)
@@ -37,7 +33,9 @@ def _ids(length: int, salt: int = 0) -> np.ndarray:
 @pytest.fixture(scope="module")
 def qwen2(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("qwen2")
-    return make_tiny_optimum_ir(root, arch="qwen2", sliding_window=WINDOW, std=0.2, seed=3)
+    return shared_tiny_ir(
+        tmp_path_factory, root / "ir", arch="qwen2", sliding_window=WINDOW, std=0.2, seed=3
+    )
 
 
 @pytest.fixture(scope="module")

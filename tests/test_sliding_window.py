@@ -8,13 +8,13 @@ attends outside it gives other tokens than openvino-genai's CPU pipeline, the re
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 import openvino_genai
 import pytest
+from conftest import shared_tiny_ir
 
 from npuw_kv.cli.describe import describe
 from npuw_kv.config.settings import EXACT_F32
@@ -23,9 +23,6 @@ from npuw_kv.model import window
 from npuw_kv.model.families import declared_window
 from npuw_kv.pipeline import LLMPipeline
 from npuw_kv.runtime.static import runner as static_runner
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 C, WINDOW = 16, 8
 RING = 32  # window + one chunk of slots, in whole chunks (model/ring.py)
@@ -54,7 +51,9 @@ def _ids(length: int) -> np.ndarray:
 def swa(request, tmp_path_factory) -> tuple[str, Path]:
     """(arch, model dir)"""
     root = tmp_path_factory.mktemp(request.param)
-    out = make_tiny_optimum_ir(root, arch=request.param, sliding_window=WINDOW, std=0.2, seed=3)
+    out = shared_tiny_ir(
+        tmp_path_factory, root / "ir", arch=request.param, sliding_window=WINDOW, std=0.2, seed=3
+    )
     return request.param, out
 
 
