@@ -171,7 +171,7 @@ class PagedPools:
     def fit_batch(self, sequences: int, tokens: int, step_tokens: int | None = None) -> bool:
         """Pools that hold ``sequences`` sequences of ``tokens`` tokens at once, grown where
         smaller: a full-attention pool by their tokens, a sliding-window pool by what each
-        sequence keeps live: its window and a block while it decodes or waits (the engine
+        sequence keeps live: its window and a block while it decodes or waits (the scheduler
         detaches what a waiting sequence's next token cannot see), and more in a step that
         reads its prompt.  A step reads at most ``step_tokens`` prompt tokens (the scheduler's
         budget, by default a chunk); beyond what it holds decoding, a reader of ``a`` tokens

@@ -66,7 +66,7 @@ class StepStats:
 
 @dataclass
 class Live:
-    """One sequence of the engine: its tokens (prompt and fed answer; the last one's logits
+    """One sequence of the scheduler: its tokens (prompt and fed answer; the last one's logits
     are what it waits for) and how many of them the cache holds."""
 
     handle: int
