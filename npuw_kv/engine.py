@@ -170,7 +170,6 @@ class Engine:
             self.runner.forget_prefixes()
             if self.batch is not None:
                 self.batch.mode = alphas
-                self.batch.scheduler.stats.latest = False
 
     def constraint(
         self, config: GenerationConfig, timer: CallTimer | None = None
@@ -256,15 +255,13 @@ class Engine:
         detokenizer: Any,
     ) -> list[GenerationResult]:
         """The prompts one after another on the runner alone (speculative decoding, the
-        static-shape path); the caller holds :meth:`alone`."""
+        static-shape path); the caller holds :meth:`alone`, so ``kv_stats`` reports them."""
         if config.num_beams > 1:
             raise UsageError(
                 "num_beams > 1 needs the PagedAttention path (the CPU default, "
                 "attention_backend='pa') without speculative decoding; the static-shape path "
                 "(NPU, attention_backend='sdpa') runs one sequence per call"
             )
-        if self.batch is not None:  # kv_stats reports this call's prompt, not the batch's
-            self.batch.scheduler.stats.latest = False
         limit = self.trained_context[0] if self.trained_context else None
         results: list[GenerationResult] = []
         for index, prompt in enumerate(prompts):
@@ -320,14 +317,13 @@ class Engine:
         pools anew (``kv_window_shares``; None: the default), dropping the cached prefixes.
         Bad shares raise a ``ValueError`` naming the setting, and change nothing."""
         with self.exclusive():
-            if not isinstance(self.runner, PagedRunner) or self.batch is None:
+            if not isinstance(self.runner, PagedRunner):
                 raise UsageError(
                     f"{label('kv_window_shares')} applies to attention_backend='pa'; this "
                     "pipeline runs the static-shape path, which has no window pools"
                 )
             with self.alone():  # the pools are allocated anew
                 text = self.runner.set_window_shares(shares, label("kv_window_shares"))
-                self.batch.scheduler.stats.latest = False
             self.config = replace(self.config, kv_window_shares=text)
 
 

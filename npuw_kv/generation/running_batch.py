@@ -172,6 +172,7 @@ class RunningBatch:
                     if mode != self.mode:
                         self._switch(mode)  # nothing is live: the model may change
                         self.mode = mode
+                        self.scheduler.stats.latest = False  # its cached prefixes are gone
                     self._enqueue(requests, ticket, at_once)
                     return ticket
             # sequences of other adapters run: step them (with the other callers) to their end
@@ -224,6 +225,9 @@ class RunningBatch:
             self._closed += 1
         try:
             self._run_until(lambda: not self.busy)
+            # what the call does to the runner (a lone prompt, new pools, other adapters) is
+            # newer than the batch's last prompt: kv_stats reports the runner's figures
+            self.scheduler.stats.latest = False
             yield
         finally:
             with self._cond:

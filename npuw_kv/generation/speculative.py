@@ -117,14 +117,11 @@ class SpeculativeRunner(Runner):
         """At most as many as can still be used: within the budget (the last token of an
         answer is never fed), the KV cache and one chunk."""
         budget = self._budget(self._prompt)
-        k = min(self.num_candidates, self._runner.remaining_capacity - 1, self._chunk() - 1)
+        k = min(self.num_candidates, self._runner.remaining_capacity - 1, self.chunk - 1)
         if budget is not None:
             k = min(k, budget - (len(self.history) - self._prompt) - 1)
         self._proposed = self.source.propose(self.history, k)[: max(k, 0)] if k > 0 else []
         return self._proposed
-
-    def _chunk(self) -> int:
-        return self._runner.chunk
 
     def finish(self) -> None:
         """Drop the candidates the answer did not use, so the cache holds what plain decoding

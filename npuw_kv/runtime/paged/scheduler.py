@@ -33,7 +33,8 @@ class StepStats:
     one, preemptions; the latest admitted prompt's reused and priority-held tokens; the
     computed tokens of the last sequence finished; the last beam search's most distinct KV
     blocks held at once and the bytes its copy-on-write forks moved.  ``latest``: a batched
-    prompt is the pipeline's last one (a lone run since, or a reset, clears it)."""
+    prompt is the pipeline's last one (the running batch clears it when a call takes the runner
+    alone or the adapters change)."""
 
     steps: int = 0
     peak_batch: int = 0
@@ -322,6 +323,6 @@ class Scheduler:
     def distinct_blocks(self, handles: Sequence[int]) -> int:
         """How many distinct blocks of the full-attention pool (the widest window's, if none
         is full) the admitted sequences among ``handles`` hold together."""
-        window = max(self.runner.memory.plan.primary)
+        window = max(self.runner.pools.primary)
         keys = [self.live[h].key for h in handles if self.live[h].admitted]
         return len({b for k in keys for b in self.runner.blocks.block_table(k, window)})
