@@ -15,6 +15,7 @@ from ..errors import ModelLayoutError
 from ..kv.shapes import StaticShapes
 from . import attention as A
 from . import transforms as T
+from .empty_inputs import drop_empty_inputs
 from .layout import KVLayout, discover_layout
 from .ring import give_rings
 from .value_layout import ValueLayouts, phase_bases
@@ -101,6 +102,8 @@ def static_ladder(
                 if len(blocks) > 1:
                     T.split_past(m, base_layout, len(blocks))
                 T.set_shapes(m, base_layout, tokens, past + tokens, past, blocks)
+                if past == 0:  # no past at all: no [1, H, 0, D] inputs (an NPU refuses them)
+                    drop_empty_inputs(m)
             except Exception as exc:
                 if whole:
                     raise ModelLayoutError(f"static reshape failed: {exc}") from exc

@@ -69,6 +69,10 @@ class BoundPort:
     ring: int = 0  # > 0: a sliding-window layer's ring of that many slots
 
 
+def _input_names(request: ov.InferRequest) -> set[str]:
+    return {name for port in request.get_compiled_model().inputs for name in port.get_names()}
+
+
 class KVBinding:
     """One request's past inputs and present outputs, bound per ``mode`` (module docstring).
 
@@ -90,7 +94,10 @@ class KVBinding:
         counter: CopyCounter,
         sliced: bool = False,
         grow: bool = False,
+        strided_outputs: bool = True,
     ) -> None:
+        """``strided_outputs``: a strided output view may be bound (else staged, as an NPU
+        needs without ``NPU_ENABLE_STRIDES_FOR``; contiguous views are still bound)."""
         if mode not in KV_BINDINGS:
             raise ValueError(f"kv_binding {mode!r} not in {KV_BINDINGS}")
         if past_len > cache.capacity:
@@ -102,6 +109,7 @@ class KVBinding:
         self.new_tokens = new_tokens
         self.mode = mode
         self.counter = counter
+        self.strided_outputs = strided_outputs
         # the past of a sliced-past model is the whole buffer, contiguous: only copy stages it
         views = mode != "copy"
         # a view mode on a sliced-past model: each chunk reads exactly the slots before it
@@ -115,6 +123,7 @@ class KVBinding:
         self.output_paths: dict[str, BindPath] = {}
         self.outputs_direct = 0
         self.outputs_staged = 0
+        self.staged_output_bytes = 0  # of counter's bytes: staged outputs copied into slots
         self._synced = 0
         self._ring_synced = 0  # token slots before this are in the rings' staging
         # staged past inputs: input name -> (buffer name, its first slot, the dense array)
@@ -127,10 +136,17 @@ class KVBinding:
         self._axis = {port.name: port.seq_axis for port in ports}
         self._ring = {port.name: port.ring for port in ports if port.ring}
         whole = (0, cache.capacity)
+        inputs = _input_names(request) if past_len == 0 and not sliced else set()
         for port in ports:
             axis = port.seq_axis
             if port.ring:
                 self._bind_ring(port)
+                continue
+            if past_len == 0 and not sliced and port.name not in inputs:
+                # the model of no past has no past inputs (model/empty_inputs.py): only its
+                # output is bound, in past_paths nothing
+                if mode == "copy":
+                    request.set_output_tensor(port.output_index, self._output_staging(port.name))
                 continue
             # a sliced-past model: the prefill reads through the sliced past, the generate step
             # through the unsliced tail (a slice would copy every step); the other stays empty
@@ -214,6 +230,7 @@ class KVBinding:
         self._ring_synced = 0
         self.outputs_direct = 0
         self.outputs_staged = 0
+        self.staged_output_bytes = 0
 
     def before(self, write_slots: tuple[int, int], live_end: int) -> None:
         """Point outputs at ``write_slots``; sync staged past rows ``< live_end``."""
@@ -221,14 +238,7 @@ class KVBinding:
         if stop - start != self.new_tokens:
             raise ValueError(f"write of {stop - start} rows into a {self.new_tokens}-row output")
         for port in self.ports:
-            path: BindPath = "staged"
-            if self.mode != "copy":  # copy mode's output staging is bound for good
-                view = self._output_view(port.name, start, stop)
-                if view is not None and self._direct(view):
-                    path = "direct"
-                else:
-                    view = self._output_staging(port.name)
-                self.request.set_output_tensor(port.output_index, view)
+            path = self._bind_output(port, start, stop)
             self.output_paths[port.name] = path
             if path == "direct":
                 self.outputs_direct += 1
@@ -246,6 +256,32 @@ class KVBinding:
                 self.cache.mirror(name, lo, hi, past, first, axis, self.counter)
         self._synced = max(self._synced, end)
         self._ring_synced = max(self._ring_synced, live_end)
+
+    def _bind_output(self, port: BoundPort, start: int, stop: int) -> BindPath:
+        """Point ``port``'s output at slots ``[start, stop)``: their view, or its staging."""
+        if self.mode == "copy":  # copy mode's output staging is bound for good
+            return "staged"
+        view = self._output_view(port.name, start, stop)
+        direct = view is not None and self._direct(view)
+        if direct and not self.strided_outputs:
+            direct = bool(view.is_continuous())  # type: ignore[union-attr]
+        if not direct:
+            view = self._output_staging(port.name)
+        self.request.set_output_tensor(port.output_index, view)
+        return "direct" if direct else "staged"
+
+    def stage_strided_outputs(self, write_slots: tuple[int, int]) -> None:
+        """From now on, stage every strided output (the device refused one at ``infer()``:
+        an NPU without strides for its ports), and rebind this step's outputs that way."""
+        self.strided_outputs = False
+        for port in self.ports:
+            if self.output_paths.get(port.name) != "direct":
+                continue
+            path = self._bind_output(port, *write_slots)
+            if path == "staged":
+                self.output_paths[port.name] = path
+                self.outputs_direct -= 1
+                self.outputs_staged += 1
 
     def _output_view(self, name: str, start: int, stop: int) -> ov.Tensor | None:
         """The view slots ``[start, stop)`` are written through; None: it must be staged."""
@@ -272,11 +308,13 @@ class KVBinding:
         start, stop = write_slots
         if stop > self.cache.capacity:  # the last step: its KV is discarded
             return
+        copied = self.counter.bytes
         for port in self.ports:
             if self.output_paths.get(port.name) != "staged":
                 continue
             new, axis = self._staging_out[port.name], port.seq_axis
             self.cache.write(port.name, start, stop, new, axis, self.counter)
+        self.staged_output_bytes += self.counter.bytes - copied
         # rows rewritten below the synced mark (by staging or in place) must be re-synced
         self._synced = min(self._synced, start)
         self._ring_synced = min(self._ring_synced, start)
