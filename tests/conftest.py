@@ -203,6 +203,22 @@ class RecordingRequest:
         self.outputs[index] = tensor
 
 
+def own_copies(stats: dict) -> int:
+    """The host bytes a static-path request copied beyond the strided outputs an NPU's rules
+    make it stage (under the NPU rules double, ``NPUW_KV_NPU_IO_DOUBLE=1``: the suite's
+    second pass of its static-path tests; elsewhere none are staged for that reason)."""
+    staged = stats.get("staged_output_bytes", 0)
+    if stats.get("strided_outputs") != "staged":
+        return stats["host_bytes_copied"]
+    assert staged > 0  # the double refuses strided outputs: some were staged
+    return stats["host_bytes_copied"] - staged
+
+
+def strided_outputs_bound(pipe: LLMPipeline) -> bool:
+    """Whether the pipeline binds strided output views (not under an NPU's rules)."""
+    return pipe.kv_stats().get("strided_outputs", "direct") == "direct"
+
+
 def make_pipe(smol_dir: Path, device: str, **extra) -> LLMPipeline:
     """One pipeline per configuration for the whole session (compiling costs seconds)."""
     key = (device, tuple(sorted(extra.items())))

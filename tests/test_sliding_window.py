@@ -80,7 +80,13 @@ def test_windows_are_found_per_layer(swa):
     assert f"(per layer: {per_layer})" in text
 
 
-@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.npu_path) if p.startswith("npu") else p
+        for p in sorted(PATHS)
+    ],
+)
 def test_sliding_window_greedy_matches_genai(swa, reference, path):
     device, extra = PATHS[path]
     pipe = LLMPipeline(swa[1], device, **{**SETTINGS, **extra})

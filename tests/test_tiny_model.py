@@ -25,7 +25,7 @@ C = 16
 DEVICE_EXTRA = {"CPU": {}, "NPU": {"NPUW_ONLINE_PIPELINE": "NONE"}}
 
 
-@pytest.fixture(scope="module", params=["CPU", "NPU"])
+@pytest.fixture(scope="module", params=["CPU", pytest.param("NPU", marks=pytest.mark.npu_path)])
 def tiny_pipe(request, tiny_dir):
     return LLMPipeline(
         tiny_dir,

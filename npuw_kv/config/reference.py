@@ -126,6 +126,14 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "`CPU` (`NPU,CPU` with an NPU)",
         "where NPUW runs its sub-models",
     ),
+    "npu_io_double": (
+        None,
+        (
+            "NPU path on NPUW's CPU stand-in: the requests run under a double of the NPU "
+            "plugin's I/O rules (strided outputs refused, host inputs counted as copies); "
+            "for tests and `npuw-kv doctor`"
+        ),
+    ),
     "num_threads": (
         "0 (all)",
         "CPU threads",

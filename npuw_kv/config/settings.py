@@ -21,6 +21,9 @@ PREFILL_ATTENTIONS = ("auto", "static", "pyramid")  # NPUW_LLM_PREFILL_ATTENTION
 GGUF_ZERO_POINTS = ("genai", "exact")
 WINDOW_KVS = ("auto", "ring", "full")  # a sliding-window layer's KV on the static-shape path
 NPUW_DEVICE = re.compile(r"(NPU|CPU|GPU)(\.\d+)?", re.IGNORECASE)  # what NPUW places on
+# set to 1: every NPU-path pipeline runs under the NPU rules double (npu_io_double), as the
+# test suite's second pass of its static-path tests does
+NPU_IO_DOUBLE_ENV = "NPUW_KV_NPU_IO_DOUBLE"
 # the paged path's batched steps: sequences at most, by default
 MAX_NUM_SEQS = 16
 # tokens per block of the static-shape path's host prefix store (runtime/prefix_store.py)
@@ -46,6 +49,7 @@ ALIASES: dict[str, str] = {
     "KV_WINDOW_SHARES": "kv_window_shares",
     "NPUW_KV_WINDOW_SIZE_SHARES": "kv_window_shares",
     "NPUW_DEVICES": "npuw_devices",
+    "NPU_IO_DOUBLE": "npu_io_double",
     "NUM_THREADS": "num_threads",
     "INFERENCE_NUM_THREADS": "num_threads",
     "PREFILL_ATTENTION": "prefill_attention",
@@ -87,7 +91,7 @@ _INTS = (
 )
 # None means auto for these
 _AUTO_BOOLS = ("static_models", "generate_pyramid", "shared_head", "optimize_v_tensors")
-_BOOLS = ("prefix_reuse", "full_prefill_logits", "split_fuse", *_AUTO_BOOLS)
+_BOOLS = ("prefix_reuse", "full_prefill_logits", "split_fuse", "npu_io_double", *_AUTO_BOOLS)
 _LOWER = (
     "kv_precision",
     "kv_binding",

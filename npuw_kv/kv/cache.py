@@ -30,14 +30,14 @@ that crosses an edge has no single view: take it by :meth:`SharedKVCache.pieces`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
 
 from .copy import CopyCounter, relayout, safe_copy
-from .memory import ensure_fits
+from .memory import aligned_zeros, ensure_fits
 from .slots import Piece, pieces
 
 # precision -> (numpy storage dtype, OpenVINO element type). numpy has no bfloat16, so bf16
@@ -94,7 +94,11 @@ class SharedKVCache:
         capacity: int,
         precision: str = "f32",
         edges: Sequence[int] = (),
+        *,
+        allocate: Callable[[int, np.dtype], np.ndarray] = aligned_zeros,
     ) -> None:
+        """``allocate(count, dtype)``: zeroed flat memory for the buffers and staging arrays
+        (page-aligned host memory, or a device's own: runtime/npu_rules.DeviceMemory)."""
         if capacity <= 0:
             raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
         if precision not in KV_STORAGE:
@@ -108,6 +112,7 @@ class SharedKVCache:
         self.precision = precision
         self.edges = edges  # where the blocks of a non-ring buffer meet
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
+        self._allocate_flat = allocate
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
         self.slots = {s.name: s.ring or capacity for s in specs}  # each buffer's length
@@ -122,8 +127,8 @@ class SharedKVCache:
     def _allocate(self, spec: KVSpec) -> tuple[tuple[int, np.ndarray], ...]:
         rows = self.slots[spec.name]
         if spec.ring:  # a ring is read whole by every model: one block
-            return ((0, np.zeros(spec.shape(rows), self.dtype)),)
-        flat = np.zeros(spec.num_heads * spec.head_dim * rows, self.dtype)
+            return ((0, self._new(spec.shape(rows))),)
+        flat = self._allocate_flat(spec.num_heads * spec.head_dim * rows, self.dtype)
         per_slot = spec.num_heads * spec.head_dim
         bounds = (0, *self.edges, rows)
         return tuple(
@@ -179,7 +184,10 @@ class SharedKVCache:
 
     def zeros(self, name: str, rows: int, seq_axis: int | None = None) -> np.ndarray:
         """A zeroed host array laid out like ``rows`` slots of buffer ``name`` (staging etc.)."""
-        return np.zeros(self.specs[name].shape(rows, self._axis(name, seq_axis)), self.dtype)
+        return self._new(self.specs[name].shape(rows, self._axis(name, seq_axis)))
+
+    def _new(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self._allocate_flat(int(np.prod(shape)), self.dtype).reshape(shape)
 
     def tensor(self, array: np.ndarray) -> ov.Tensor:
         """An ``ov.Tensor`` of the cache's element type sharing ``array``'s memory."""

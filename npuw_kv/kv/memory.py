@@ -9,7 +9,12 @@ the pipeline turns into an error naming the settings to lower.
 
 from __future__ import annotations
 
+import mmap
 import os
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
 
 # what is left for the model's weights, activations and everything else in the process
 HEADROOM = 0.9
@@ -38,3 +43,12 @@ def ensure_fits(nbytes: int, what: str) -> None:
             f"{what} needs {nbytes / 2**20:,.0f} MiB, more than the "
             f"{available / 2**20:,.0f} MiB this machine has available"
         )
+
+
+def aligned_zeros(count: int, dtype: np.dtype) -> np.ndarray:
+    """``count`` zeroed elements of ``dtype`` whose first byte is on a page boundary: what a
+    device can import from host memory without a copy (an NPU: runtime/npu_rules.py)."""
+    dtype = np.dtype(dtype)
+    raw = np.zeros(count * dtype.itemsize + PAGE, np.uint8)
+    skip = -int(raw.ctypes.data) % PAGE
+    return raw[skip : skip + count * dtype.itemsize].view(dtype)

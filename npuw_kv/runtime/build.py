@@ -34,6 +34,9 @@ from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import read_ir
 from ..model.variants import prepare
 from .compile import compile_paged, compile_requests
+from .device import npu_io
+from .npu_compile import compile_npu_first
+from .npu_double import with_npu_io
 from .paged.runner import PagedRunner
 from .runner import Runner
 from .shapes import static_shapes
@@ -158,8 +161,11 @@ def build_runner(
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
     unpartitioned = npuw_unpartitioned(model_dir)
     requests = build.compile(
-        lambda: compile_requests(core, prepared, layout, decided, shapes, unpartitioned)
+        lambda: compile_npu_first(
+            lambda d: compile_requests(core, prepared, layout, d, shapes, unpartitioned), decided
+        )
     )
+    requests = with_npu_io(requests, npu_io(core, decided))
     runner = build.allocate(
         kv_capacity,
         lambda: StaticRunner(

@@ -17,7 +17,8 @@ from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
 from ..model.variants import Ladder, shared_dynamic, static_ladder
-from .device import device_properties, limit_runtime_cache
+from .device import NpuIO, device_properties, limit_runtime_cache
+from .npu_compile import missing_npu
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Requests:
     # each phase's KV layout when it is not the prepared model's (V transposed)
     prefill_layout: KVLayout | None = None
     generate_layout: KVLayout | None = None
+    # the NPU path: how its requests meet an NPU's I/O rules (None off it), and the devices
+    # NPUW was allowed to place the static models' sub-models on (runtime/npu_compile.py)
+    npu_io: NpuIO | None = None
+    npuw_placement: str = ""
 
     def logits_output(self, index: int) -> ov.Output:
         """The compiled output that holds the logits (the head's, when cut out)."""
@@ -139,8 +144,8 @@ def compile_requests(
     try:
         return static.compile(props)
     except RuntimeError as exc:
-        if props.get("NPUW_FOLD") != "YES" or isinstance(exc, UsageError):
-            raise
+        if props.get("NPUW_FOLD") != "YES" or isinstance(exc, UsageError) or missing_npu(exc):
+            raise  # a missing NPU compiler is not a folding failure: no second compile
         return static.after_fold_failed(props, exc)
 
 

@@ -8,10 +8,17 @@ in :mod:`npuw_kv.config.decide`.
 from __future__ import annotations
 
 import itertools
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
-from ..config.decide import Decided
+import openvino as ov
+
+from ..config.decide import Decided, on_real_npu
 from ..config.pipeline_config import PipelineConfig
+from ..errors import last_line
+from .npu_double import DeviceCopies
+from .npu_rules import DeviceMemory
 
 _BANKS = itertools.count()
 
@@ -81,6 +88,53 @@ def limit_runtime_cache(props: dict[str, Any]) -> dict[str, Any]:
 
 def npu_present() -> bool:
     """Whether OpenVINO sees a real NPU (without one, NPUW runs its sub-models on the CPU)."""
-    import openvino as ov
-
     return "NPU" in ov.Core().available_devices
+
+
+@dataclass(kw_only=True)
+class NpuIO:
+    """How the NPU path's requests meet an NPU's I/O rules (:mod:`.npu_rules`): where the KV
+    memory comes from, whether strided output views are bound or staged, and who enforces
+    the rules: a real NPU, the double (:mod:`.npu_double`, ``npu_io_double``) or nobody (NPUW's
+    CPU stand-in, which takes whatever a CPU request takes)."""
+
+    memory: DeviceMemory
+    strided_outputs: bool
+    enforced_by: str  # "NPU", "double" or "none (CPU stand-in)"
+    strided_ports: frozenset[str] = frozenset()  # NPU_ENABLE_STRIDES_FOR, as given
+    double: DeviceCopies | None = None  # what the double counted
+
+
+def npu_io(core: ov.Core, decided: Decided[PipelineConfig]) -> NpuIO | None:
+    """The NPU I/O of ``decided``'s static models (None off the NPU path).
+
+    A real NPU (NPUW places sub-models on it) refuses strided outputs unless strides were
+    enabled for them (``NPU_ENABLE_STRIDES_FOR`` given: then they are bound, and a refusal at
+    the first infer still falls back to staging), and its KV comes from the NPU's default
+    context, where NPUW reads contiguous inputs in place."""
+    config = decided.config
+    if config.device != "NPU" or not decided.static_models:
+        return None
+    given = str(config.compile_properties.get("NPU_ENABLE_STRIDES_FOR", ""))
+    ports = frozenset(name.strip() for name in given.split(",") if name.strip())
+    if config.npu_io_double:
+        return NpuIO(
+            memory=DeviceMemory(device=True),
+            strided_outputs=bool(ports),
+            enforced_by="double",
+            strided_ports=ports,
+            double=DeviceCopies(),
+        )
+    if not on_real_npu(decided.npuw_devices):
+        return NpuIO(memory=DeviceMemory(), strided_outputs=True, enforced_by="none (CPU stand-in)")
+    try:
+        context = core.get_default_context("NPU")
+    except RuntimeError as exc:  # an NPU listed but no context: host memory, copied by NPUW
+        warnings.warn(
+            f"the NPU's memory is out of reach ({last_line(exc)}): the KV cache is host memory, "
+            "which NPUW copies into the NPU's before every call",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        context = None
+    return NpuIO(memory=DeviceMemory(context), strided_outputs=bool(ports), enforced_by="NPU")

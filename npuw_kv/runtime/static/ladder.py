@@ -37,6 +37,7 @@ def bind_ladder(
     counter: CopyCounter,
     sliced: bool,
     grow: bool,
+    strided_outputs: bool = True,
 ) -> list[BoundModel]:
     """Bind each variant's past inputs and present outputs to ``cache`` (``mode``: roi,
     contiguous or copy).  ``grow``: the prefill's ladder, whose chunks on a sliced-past model
@@ -55,6 +56,7 @@ def bind_ladder(
                 counter=counter,
                 sliced=sliced,
                 grow=grow,
+                strided_outputs=strided_outputs,
             ),
         )
         for v in variants

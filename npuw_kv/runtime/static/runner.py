@@ -16,6 +16,7 @@ import openvino as ov
 from ...errors import CapacityError
 from ...kv.cache import KVSpec, SharedKVCache, layout_name
 from ...kv.copy import CopyCounter
+from ...kv.memory import aligned_zeros
 from ...kv.shapes import StaticShapes
 from ...model.layout import KVLayout
 from ...model.ring import mask_input
@@ -24,6 +25,7 @@ from ..compile import Requests, Variant
 from ..runner import ChunkHook, Runner
 from .binding import BoundPort
 from .ladder import BoundModel, bind_ladder, pick
+from .npu_calls import NpuCalls
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
 from .prompt_reuse import choose_plan
@@ -104,6 +106,7 @@ class StaticRunner(Runner):
         self.slots = Slots(self.cache.capacity)
         self.switch_copied_bytes = 0
         self.prefill_copied_bytes = 0
+        self.prefill_npu_estimate = 0
         self._at_switch = False
         self.prefix_reuse = prefix_reuse
         self._cached: list[int] = []  # token ids whose KV sits in slots [first_slot, ...)
@@ -120,7 +123,15 @@ class StaticRunner(Runner):
         # token is never read, the last step writes it to scratch.
         requests = self.requests
         edges = () if requests.shared_weights else shapes.block_edges
-        self.cache = SharedKVCache(self._specs, shapes.generate_past, self.layout.precision, edges)
+        io = requests.npu_io
+        self.cache = SharedKVCache(
+            self._specs,
+            shapes.generate_past,
+            self.layout.precision,
+            edges,
+            allocate=io.memory.zeros if io is not None else aligned_zeros,
+        )
+        strided_outputs = io is None or io.strided_outputs
 
         def ports(layout: KVLayout) -> list[BoundPort]:
             return [
@@ -138,6 +149,7 @@ class StaticRunner(Runner):
             self.copied,
             self._sliced,
             grow=True,
+            strided_outputs=strided_outputs,
         )
         self.generate_variants = bind_ladder(
             [*requests.generate_ladder, Variant(shapes.generate_past, requests.generate)],
@@ -148,9 +160,11 @@ class StaticRunner(Runner):
             self.copied,
             self._sliced,
             grow=False,
+            strided_outputs=strided_outputs,
         )
         self.prefill_binding = self.prefill_variants[-1].binding
         self.generate_binding = self.generate_variants[-1].binding
+        self.calls = NpuCalls(requests.npu_io, self.prefill_variants + self.generate_variants)
 
     def _ring(self, layer: int) -> int:
         """The ring slots of ``layer`` (0: it holds the whole past)."""
@@ -207,7 +221,7 @@ class StaticRunner(Runner):
         for window, ring in self.layout.rings:
             mask = window_mask(start, stop - start, inputs.first_slot, window, ring)
             request.set_tensor(mask_input(window), ov.Tensor(mask))
-        request.infer()
+        self.calls.infer(variant, inputs.write_slots)
         variant.binding.after(inputs.write_slots)
         out = request.get_output_tensor(self.layout.logits_output_index)
         if requests.head is not None:  # the last position's hidden state -> logits
@@ -236,7 +250,43 @@ class StaticRunner(Runner):
             # sliding windows whose layers keep their KV in a ring, and its slots
             "window_rings": dict(self.layout.rings),
             "prefill_v_layout": _v_layout(self.prefill_layout),
+            **self._npu_stats(),
         }
+
+    def _npu_stats(self) -> dict[str, Any]:
+        """On the NPU path: who enforces an NPU's I/O rules, whether strided outputs are bound,
+        and what an NPU copies by those rules since the last prompt (an estimate; the double,
+        where it runs, counts the same calls itself)."""
+        io = self.requests.npu_io
+        if io is None:
+            return {}
+        stats: dict[str, Any] = {
+            "npu_io": io.enforced_by,
+            "strided_outputs": "direct" if self.generate_binding.strided_outputs else "staged",
+            "npu_copied_bytes_estimate": self.calls.estimate,
+            # of host_bytes_copied: the staged outputs' rows (strided outputs staged)
+            "staged_output_bytes": sum(m.binding.staged_output_bytes for m in self.calls.models),
+            "npu_prefill_copied_bytes_estimate": self.prefill_npu_estimate,
+            "npu_kv_memory": "device" if io.memory.device else "host",
+            "submodel_devices": self._submodel_devices(),
+        }
+        if self.calls.refused:
+            stats["strided_output_refused"] = self.calls.refused
+        if io.double is not None:
+            stats["double_copied_bytes"] = io.double.bytes
+        return stats
+
+    def _submodel_devices(self) -> dict[str, str]:
+        """Where each model of the NPU path runs: the static models where NPUW was allowed to
+        place their sub-models (runtime/npu_compile.py), the cut-out embedding and head where
+        they were compiled."""
+        requests = self.requests
+        placed = {"prefill": requests.npuw_placement, "generate": requests.npuw_placement}
+        for name, request in (("embed", requests.embed), ("head", requests.head)):
+            if request is not None:
+                devices = request.get_compiled_model().get_property("EXECUTION_DEVICES")
+                placed[name] = devices if isinstance(devices, str) else ",".join(devices)
+        return placed
 
     def _lay_out_v(self, layout: KVLayout, start: int, stop: int) -> int:
         """Have the V slots ``[start, stop)`` laid out as ``layout``'s models read them; the
@@ -261,6 +311,9 @@ class StaticRunner(Runner):
         ids = np.asarray(ids, np.int64).reshape(-1)
         self.check_prompt(ids.size)
         self.copied.reset()
+        self.calls.reset()
+        if (io := self.requests.npu_io) is not None and io.double is not None:
+            io.double.reset()
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
             self.prefix_store.save(self._cached, self.slots.first)
         plan, restore = (
@@ -309,6 +362,7 @@ class StaticRunner(Runner):
         self._cached = ids.tolist()
         self.reused_tokens = plan.cached
         self.prefill_copied_bytes = self.copied.bytes
+        self.prefill_npu_estimate = self.calls.estimate
         self.switch_copied_bytes = 0
         self._at_switch = True
         return logits[-1].copy()
