@@ -1,4 +1,4 @@
-"""``npuw-kv``: generate, chat, serve, inspect, bench, accuracy."""
+"""``npuw-kv``: generate, chat, serve, inspect, bench, accuracy, doctor."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from ..tools.bench_worker import RUNTIMES
 from . import terminal as cli_io
 from .args import model_args, pipeline_kwargs, sampling_kwargs, text_args, zero_points_arg
 from .chat import chat_session
+from .doctor import add_doctor_parser
+from .doctor import run as run_doctor  # light: the doctor's sections load when it runs
 
 
 def _load(args: argparse.Namespace):
@@ -98,6 +100,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..tools.bench import run_bench
 
     return run_bench(args)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    return run_doctor(args)
 
 
 def _at_least(low: int, why: str = "") -> Callable[[str], int]:
@@ -338,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     zero_points_arg(acc)
     acc.add_argument("--no-peer", action="store_true", help="skip the peer runtimes")
     acc.set_defaults(func=cmd_accuracy)
+    add_doctor_parser(sub).set_defaults(func=cmd_doctor)
     return parser
 
 
