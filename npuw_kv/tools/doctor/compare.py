@@ -127,25 +127,13 @@ def own_peak_mb() -> float:
 
 
 def bench_args(ctx: DoctorContext, out: Path) -> argparse.Namespace:
-    """What ``npuw-kv bench --runtimes ... --repeats 1 --json OUT`` would parse."""
-    return argparse.Namespace(
-        model=str(ctx.model_dir()),
-        runtimes=",".join(BENCH_RUNTIMES),
-        device=None,
-        quick=False,
-        concurrency=None,
-        prompt_len=ctx.prompt_len,
-        new_tokens=ctx.options.new_tokens,
-        repeats=1,
-        json=str(out),
-        max_prompt_len=None,
-        min_response_len=None,
-        chunk=None,
-        kv_precision=None,
-        attention=None,
-        exact=False,
-        prop=[],
-    )
+    """What ``npuw-kv bench --runtimes ... --repeats 1 --json OUT`` parses: through the
+    command's own parser, so every option it has keeps its default."""
+    from ...cli.commands import build_parser
+
+    given = ["bench", "-m", str(ctx.model_dir()), "--runtimes", ",".join(BENCH_RUNTIMES)]
+    given += ["--prompt-len", str(ctx.prompt_len), "--new-tokens", str(ctx.options.new_tokens)]
+    return build_parser().parse_args([*given, "--repeats", "1", "--json", str(out)])
 
 
 def runtime_meaning(runtime: str, npu: bool) -> str:
