@@ -218,7 +218,7 @@ def test_decide_settles_every_auto_once():
     )
     decided = decide(core, full, wide_activations=True)
     assert (decided.prefill_ladder, decided.generate_ladder) == ("full", "full")
-    assert decided.v_transposed and not decided.dense_blocks  # V transposed: one block
+    assert decided.v_transposed and decided.dense_blocks  # V transposed too: dense pasts
     assert decided.kv_precision == "f32" and not decided.npuw_f16  # wide activations
     # an f32 KV cache turns NPUW's f16 tensors between sub-graphs off; an explicit value wins
     f32_kv = decide(core, PipelineConfig.from_kwargs("NPU", kv_precision="f32"))

@@ -306,14 +306,18 @@ def test_transposed_v_gives_the_same_tokens_and_copies_nothing(tiny_dir, tiny_re
     stats = pipe.kv_stats()
     assert (stats["v_layout"], stats["prefill_v_layout"]) == ("HDS", "HDS")
     assert plain.kv_stats()["v_layout"] == "HSD"
-    assert stats["generate_variants"] == [1039, 1551]
+    assert stats["generate_variants"] == [1040, 1551]  # whole chunks: a block edge
     runner = pipe.runner
     port = next(p for p in runner.layout.ports if p.kind == "value")
-    buffer = runner.cache.buffers[port.input_name]
-    assert buffer.shape == (1, 2, 16, 1551)  # [1, H, D, capacity]
-    prefill_past = runner.requests.prefill.get_tensor(port.input_name)
-    assert list(prefill_past.shape) == [1, 2, 16, runner.prefill_past]
-    assert prefill_past.data.ctypes.data == buffer.ctypes.data  # a view, not a copy
+    # the buffer in blocks where the models' pasts end, each a dense [1, H, D, rows]
+    blocks = runner.cache.blocks[port.input_name]
+    edges = [first for first, _ in blocks[1:]]
+    assert edges == list(runner.cache.edges) and 1040 in edges
+    assert all(b.shape == (1, 2, 16, b.shape[3]) for _, b in blocks)
+    assert sum(b.shape[3] for _, b in blocks) == 1551  # [1, H, D, capacity] in all
+    first = runner.requests.prefill.get_tensor(port.input_name)  # the past's first block
+    assert first.is_continuous() and list(first.shape) == [1, 2, 16, edges[0]]
+    assert first.data.ctypes.data == blocks[0][1].ctypes.data  # the block itself, not a copy
 
     for ids, new in ((_ids(1020, seed=3), 24), (_ids(90), 8)):
         expected = plain.generate(ids, max_new_tokens=new, ignore_eos=True)
@@ -323,7 +327,7 @@ def test_transposed_v_gives_the_same_tokens_and_copies_nothing(tiny_dir, tiny_re
         np.testing.assert_allclose(result.first_logits, expected.first_logits, atol=1e-4)
         stats = pipe.kv_stats()
         assert own_copies(stats) == 0 and stats["switch_host_bytes_copied"] == 0
-        if len(ids) == 1020:  # 64 chunks on 10 prefill models; steps cross 1039 mid-answer
+        if len(ids) == 1020:  # 64 chunks on 10 prefill models; steps cross 1040 mid-answer
             assert len(set(stats["prefill_pasts_used"])) == 8  # pasts 0, 16, .., 1024
             assert stats["generate_past_used"] == 1551
 
@@ -368,11 +372,10 @@ def test_mixed_layouts_relayout_the_prompt_at_the_switch(tiny_gguf, monkeypatch,
     re-laid out in place at the switch (counted), and back for a continuation's kept slots."""
     settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=32, **NPU)
     settings.update(kv_binding=kv_binding, prefix_reuse=True)
-    # V not transposed, with its KV buffer in one block as the mixed pipeline's (V transposed
-    # keeps one block): the same staging, so the bytes differ by the relayout alone
-    with monkeypatch.context() as patch:
-        patch.setattr(build, "static_shapes", lambda d, n: shapes_for(d.config, n))
-        plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
+    # both with the KV buffer in one block: the same staging, so the bytes differ by the
+    # relayout alone
+    monkeypatch.setattr(build, "static_shapes", lambda d, n: shapes_for(d.config, n))
+    plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
     rewrite = VL.transpose_value_tensors
 
     def prefill_unmatched(model: ov.Model, layout: KVLayout) -> KVLayout:
@@ -403,6 +406,32 @@ def test_mixed_layouts_relayout_the_prompt_at_the_switch(tiny_gguf, monkeypatch,
     assert stats["host_bytes_copied"] == base + relaid
 
     # a chat turn: the kept slots go back to the prefill layout, the new prompt's V forward
+    longer = np.concatenate([ids, result.tokens, _ids(5, seed=2)])
+    again = mixed.generate(longer, max_new_tokens=6, ignore_eos=True)
+    assert mixed.kv_stats()["reused_tokens"] > 0
+    assert again.tokens == plain.generate(longer, max_new_tokens=6, ignore_eos=True).tokens
+
+
+def test_mixed_layouts_over_kv_blocks(tiny_gguf, monkeypatch):
+    """V transposed in the generate models only, the buffer in blocks where the pasts end:
+    the relayout at the switch goes block by block and the tokens are the plain pipeline's."""
+    settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=32, **NPU)
+    plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
+    rewrite = VL.transpose_value_tensors
+
+    def prefill_unmatched(model: ov.Model, layout: KVLayout) -> KVLayout:
+        if "prefill" in model.get_friendly_name():
+            raise VL.ValueLayoutMismatch("test: the prefill pattern")
+        return rewrite(model, layout)
+
+    monkeypatch.setattr(VL, "transpose_value_tensors", prefill_unmatched)
+    with pytest.warns(RuntimeWarning, match="prefill models keep V as"):
+        mixed = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="YES", **settings)
+    assert mixed.runner.cache.edges and mixed.runner.cache.edges == plain.runner.cache.edges
+    ids = _ids(90)
+    result = mixed.generate(ids, max_new_tokens=12, ignore_eos=True)
+    assert result.tokens == plain.generate(ids, max_new_tokens=12, ignore_eos=True).tokens
+    assert mixed.kv_stats()["switch_host_bytes_copied"] > 0  # the prompt's V re-laid out
     longer = np.concatenate([ids, result.tokens, _ids(5, seed=2)])
     again = mixed.generate(longer, max_new_tokens=6, ignore_eos=True)
     assert mixed.kv_stats()["reused_tokens"] > 0

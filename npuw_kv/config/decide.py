@@ -288,8 +288,9 @@ class Decided(Generic[C]):
     @property
     def dense_blocks(self) -> bool:
         """The static models' KV buffer cut into blocks where their pasts end (each past read
-        dense), wherever V is not transposed."""
-        return self.static_models and not self.v_transposed
+        dense, V transposed or not: an NPU reads a dense past in its memory in place, and
+        copies a strided one before every call)."""
+        return self.static_models
 
     def lines(self) -> list[str]:
         """What ``npuw-kv inspect`` prints of the decisions."""

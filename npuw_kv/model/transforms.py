@@ -191,17 +191,22 @@ def split_past(model: ov.Model, layout: KVLayout, parts: int = 2) -> int:
             extras = [ops.convert(extra, kind).output(0) for extra in extras]
             consumers = list(past.get_target_inputs())
         joined = None
+        axis = port.seq_axis  # 3: V stored transposed, [1, H, D, S]
         for consumer in consumers:
             node = consumer.get_node()
             kind = node.get_type_name()
-            if kind == "Concat" and consumer.get_index() == 0 and node.get_axis() in (2, -2):
+            if (
+                kind == "Concat"
+                and consumer.get_index() == 0
+                and node.get_axis() in (axis, axis - 4)
+            ):
                 inputs = [node.input_value(i) for i in range(node.get_input_size())]
-                merged = ops.concat([inputs[0], *extras, *inputs[1:]], 2)
+                merged = ops.concat([inputs[0], *extras, *inputs[1:]], axis)
                 merged.set_friendly_name(node.get_friendly_name())
                 node.output(0).replace(merged.output(0))
             elif kind == "ShapeOf":
                 index_type = node.get_output_element_type(0)
-                seq_only = ops.constant(np.array([0, 0, 1, 0]), index_type)
+                seq_only = ops.constant(np.eye(4, dtype=np.int64)[axis], index_type)
                 total = ops.shape_of(past, index_type).output(0)
                 for extra in extras:
                     extra_len = ops.multiply(ops.shape_of(extra, index_type), seq_only)
@@ -209,7 +214,7 @@ def split_past(model: ov.Model, layout: KVLayout, parts: int = 2) -> int:
                 node.output(0).replace(total)
             else:
                 if joined is None:
-                    joined = ops.concat([past, *extras], 2)
+                    joined = ops.concat([past, *extras], axis)
                 consumer.replace_source_output(joined.output(0))
     model.add_parameters(tails)
     model.validate_nodes_and_infer_types()
