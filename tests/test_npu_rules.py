@@ -244,3 +244,15 @@ def test_a_missing_npu_compiler_is_one_error_after_one_compile(tiny_dir, monkeyp
             LLMPipeline(tiny_dir, "NPU", npuw_devices=devices, **NPU)
         assert "could not fold" not in str(error.value)
         assert calls == ["NPU"], devices  # one compile, for the NPU alone
+
+
+def test_inspect_says_where_the_sub_models_run_and_how_the_rules_apply(smol_dir):
+    from npuw_kv.cli.describe import describe
+
+    out = describe(str(smol_dir), "NPU")
+    assert "sub-models       CPU: every sub-model on the CPU (NPUW without an NPU" in out
+    assert "NPU I/O          rules enforced by none (CPU stand-in); strided outputs bound" in out
+    planned = describe(str(smol_dir), "NPU", npuw_devices="NPU,CPU", npu_io_double=True)
+    assert "sub-models       NPU alone first; only where it refuses a sub-model, NPU,CPU" in planned
+    assert "enforced by double; strided outputs staged; KV in the device's memory" in planned
+    assert "sub-models" not in describe(str(smol_dir), "CPU")

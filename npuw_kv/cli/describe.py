@@ -12,6 +12,8 @@ from ..config.settings import STORE_BLOCK_TOKENS
 from ..model.families import declared_window, trained_context, wide_activations
 from ..model.source import read_ir, resolve_model
 from ..model.variants import prepare
+from ..runtime.device import npu_io
+from ..runtime.npu_compile import placement_plan
 from ..runtime.shapes import static_shapes
 
 
@@ -45,6 +47,11 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
         + ", ".join(core.available_devices)
         + ("" if "NPU" in core.available_devices else " (no NPU: the NPU path runs NPUW on CPU)"),
     ]
+    if decided.npuw_devices and decided.static_models:
+        lines.append("sub-models       " + placement_plan(decided.npuw_devices))
+    io = npu_io(core, decided)
+    if io is not None:
+        lines.append("NPU I/O          " + io.describe())
     if decided.paged:
         lines += [
             f"device           {cfg.device} (attention_backend pa: one model, PagedAttention)",

@@ -104,6 +104,16 @@ class NpuIO:
     strided_ports: frozenset[str] = frozenset()  # NPU_ENABLE_STRIDES_FOR, as given
     double: DeviceCopies | None = None  # what the double counted
 
+    def describe(self) -> str:
+        """One line for ``npuw-kv inspect``: who enforces the rules, what that means here."""
+        outputs = "strided outputs bound" if self.strided_outputs else "strided outputs staged"
+        memory = (
+            "KV in the device's memory (dense pasts read in place)"
+            if self.memory.device
+            else "KV in host memory (an NPU would copy every past before each call)"
+        )
+        return f"rules enforced by {self.enforced_by}; {outputs}; {memory}"
+
 
 def npu_io(core: ov.Core, decided: Decided[PipelineConfig]) -> NpuIO | None:
     """The NPU I/O of ``decided``'s static models (None off the NPU path).

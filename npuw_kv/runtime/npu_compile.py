@@ -64,6 +64,19 @@ def missing_npu(exc: BaseException) -> CompileError | None:
     return None
 
 
+def placement_plan(devices: str) -> str:
+    """Where NPUW will be let place the static models' sub-models (``npuw-kv inspect``)."""
+    names = [name.strip() for name in devices.split(",") if name.strip()]
+    if not on_real_npu(devices):
+        return f"{devices}: every sub-model on the {names[0]} (NPUW without an NPU: the stand-in)"
+    if len(names) == 1:
+        return f"{names[0]}: every sub-model on the {names[0]}; one it cannot compile is an error"
+    return (
+        f"{names[0]} alone first; only where it refuses a sub-model, {devices} after a warning "
+        "(OpenVINO does not say which sub-models then run elsewhere)"
+    )
+
+
 def compile_npu_first(
     compile_: Callable[[Decided[PipelineConfig]], Requests], decided: Decided[PipelineConfig]
 ) -> Requests:
