@@ -1,10 +1,11 @@
 """Side-by-side benchmark: npuw-kv vs openvino-genai (and NPUW's own LLM mode) on the same ids.
 
-Each runtime runs in its own subprocess so its peak RSS (``ru_maxrss``) is its own.  Every
-worker loads the model, warms up once, then times ``--repeats`` generations of the same prompt
-ids and keeps the minimum TTFT and ms/token; "loaded MB" is its resident set once loaded (the
-compiled models, before any inference), and the static-shape path's rows are followed by what
-a prefill chunk took at each past length.  Times on a shared 2-core machine are noisy:
+Each runtime runs in its own subprocess so its peak RSS (``VmHWM``: not ``ru_maxrss``, which
+Linux carries over from the parent) is its own.  Every worker loads the model, warms up once,
+then times ``--repeats`` generations of the same prompt ids and keeps the minimum TTFT and
+ms/token; "loaded MB" is its resident set once loaded (the compiled models, before any
+inference), and the static-shape path's rows are followed by what a prefill chunk took at each
+past length.  Times on a shared 2-core machine are noisy:
 compare the ratios printed from one run, not absolute numbers across runs.
 
 ``python -m npuw_kv.tools.bench --snippet-kernels`` measures one cost behind the static-shape path's

@@ -83,7 +83,11 @@ def worker_result(cmd: list[str], runtime: str, **row: Any) -> dict[str, Any]:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """This worker's own peak resident set: ``VmHWM`` (Linux), not ``ru_maxrss``, which Linux
+    carries over from the process that started the worker (through fork and exec), so a worker
+    started by a large process would report that process's peak."""
+    own = status_mb("VmHWM")
+    return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def status_mb(field: str = "VmRSS") -> float | None:

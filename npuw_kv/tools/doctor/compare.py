@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import io
 import json
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -112,18 +111,12 @@ def bench(ctx: DoctorContext) -> list[str]:
     """``npuw-kv bench`` of the three runtimes on one modest prompt, one timed run each."""
     from ..bench import run_bench
 
-    own_peak = own_peak_mb()  # what each worker's peak RSS starts from (see bench_lines)
     with tempfile.TemporaryDirectory(prefix="npuw-doctor-") as tmp:
         out = Path(tmp) / "bench.json"
         with contextlib.redirect_stdout(io.StringIO()):  # its table: ours goes in the report
             run_bench(bench_args(ctx, out))
         rows = json.loads(out.read_text())
-    return bench_lines(ctx, rows, own_peak)
-
-
-def own_peak_mb() -> float:
-    """This process's peak resident set so far, in MB (Linux reports ru_maxrss in KB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return bench_lines(ctx, rows)
 
 
 def bench_args(ctx: DoctorContext, out: Path) -> argparse.Namespace:
@@ -146,15 +139,9 @@ def runtime_meaning(runtime: str, npu: bool) -> str:
     }.get(runtime, runtime)
 
 
-def bench_lines(
-    ctx: DoctorContext, rows: list[dict[str, Any]], parent_peak_mb: float = 0.0
-) -> list[str]:
+def bench_lines(ctx: DoctorContext, rows: list[dict[str, Any]]) -> list[str]:
     """The bench's rows as a table; failed when one of npuw-kv's runtimes failed (a peer that
     cannot run the model is reported: NPUW's own pipeline refuses some IRs).
-
-    A worker's peak RSS is its ``ru_maxrss``, which Linux starts from the peak of the process
-    that started it: a figure not above ``parent_peak_mb`` (this process's) is marked as not
-    the worker's own.
     """
     header = ("runtime", "what it runs", "TTFT s", "ms/token", "peak RSS MB", "loaded MB", "load s")
     table = []
@@ -165,13 +152,10 @@ def bench_lines(
             continue
         ttft, decode = f"{r['ttft_s']:.3f}", f"{r['ms_per_token']:.1f}"
         rss, loaded, load = mb(r["peak_rss_mb"]), mb(r.get("load_rss_mb")), f"{r['load_s']:.1f}"
-        if r["peak_rss_mb"] <= 1.01 * parent_peak_mb:
-            rss = f"<= {rss} (the doctor's own peak: not the worker's)"
         table.append((r["runtime"], meaning, ttft, decode, rss, loaded, load))
     lines = [
         f"One {ctx.prompt_len}-token prompt, {ctx.options.new_tokens} new tokens, one timed run "
-        "after a warm-up, each runtime in its own process (the peak RSS is the worker's own "
-        "unless marked).",
+        "after a warm-up, each runtime in its own process (the peak RSS is the worker's own).",
         "",
         *md_table(header, table),
         "",

@@ -21,10 +21,6 @@ SECTIONS: tuple[tuple[str, SectionFn, str | None], ...] = (
     ("Speed and memory", bench, "bench"),
     ("Copies per step", copies, None),
 )
-# the order they run in (indices into SECTIONS): the bench before the compile and the
-# accuracy check, while this process is small, since a bench worker's peak RSS (ru_maxrss)
-# starts from the peak of the process that started it
-RUN_ORDER = (0, 1, 4, 2, 3, 5)
 
 
 def run_doctor(options: Options) -> int:
@@ -34,12 +30,10 @@ def run_doctor(options: Options) -> int:
     start = time.perf_counter()
     ctx = DoctorContext(options)
     ctx.notes = head_notes(ctx)
-    ran: dict[int, Section] = {}
-    for index in RUN_ORDER:
-        title, fn, skip = SECTIONS[index]
+    sections: list[Section] = []
+    for index, (title, fn, skip) in enumerate(SECTIONS):
         skipped = skip is not None and skip in options.skip
-        ran[index] = run_section(ctx, index + 1, len(SECTIONS), title, fn, skipped)
-    sections = [ran[index] for index in range(len(SECTIONS))]
+        sections.append(run_section(ctx, index + 1, len(SECTIONS), title, fn, skipped))
     seconds = time.perf_counter() - start
     ctx.notes.append(f"The doctor took {seconds:.0f} s.")
     options.out.write_text(render(ctx, sections, closing(options)))
