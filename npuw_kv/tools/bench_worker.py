@@ -9,11 +9,15 @@ past length each ran with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any, cast
 
 from ..config.pipeline_config import PipelineConfig
@@ -65,21 +69,45 @@ def worker_result(cmd: list[str], runtime: str, **row: Any) -> dict[str, Any]:
     time since it started; the JSON row it printed last, or a row with ``row``'s fields saying
     why it failed (its last other line of stderr)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None and proc.stdout is not None
-    other: list[str] = []
-    for line in proc.stderr:  # the worker prints its JSON row to stdout only at the end
-        if line.startswith(PROGRESS):
-            elapsed = time.perf_counter() - start
-            text = line[len(PROGRESS) :].strip()
-            print(f"    {runtime}: {text}, {elapsed:.0f} s", file=sys.stderr, flush=True)
-        elif line.strip():
-            other.append(line.strip())
+    with _sigterm_exits():
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None and proc.stdout is not None
+        other: list[str] = []
+        try:
+            for line in proc.stderr:  # the worker prints its JSON row to stdout only at the end
+                if line.startswith(PROGRESS):
+                    elapsed = time.perf_counter() - start
+                    text = line[len(PROGRESS) :].strip()
+                    print(f"    {runtime}: {text}, {elapsed:.0f} s", file=sys.stderr, flush=True)
+                elif line.strip():
+                    other.append(line.strip())
+        except BaseException:  # Ctrl-C or SIGTERM to the bench: its worker ends with it
+            proc.kill()
+            proc.wait()
+            raise
     lines = [line for line in proc.stdout.read().splitlines() if line.startswith("{")]
     if proc.wait() != 0 or not lines:
         reason = (other or ["no output"])[-1]
         return {"runtime": runtime, **row, "error": reason[:300]}
     return cast(dict[str, Any], json.loads(lines[-1]))
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While a worker runs, SIGTERM to this process raises ``SystemExit`` (in the main thread)
+    instead of ending it at once, so the worker is killed on the way out, not orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _peak_rss_mb() -> float:
