@@ -16,13 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import openvino as ov
 import openvino_genai
 
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
-from .api.inputs import MAX_SEQUENCES, Prompt
+from .api.inputs import MAX_SEQUENCES, Prompt, token_ids
 from .api.results import finish_reason
 from .engine import Engine
 from .errors import UsageError
@@ -202,7 +201,13 @@ class ContinuousBatchingPipeline:
         config = engine.call_config(generation_config, {})
         alphas = engine.alphas(config)  # LoRA: an adapter not registered is refused here
         if isinstance(prompt, ov.Tensor):
-            ids = np.asarray(prompt.data, np.int64).reshape(-1)
+            shape = list(prompt.get_shape())
+            if len(shape) == 2 and shape[0] != 1:
+                raise UsageError(
+                    f"add_request takes one prompt: token ids of shape {shape} hold {shape[0]}; "
+                    "add each row as a request of its own"
+                )
+            ids = token_ids(prompt, engine.vocab_size)  # LLMPipeline's own check
         elif isinstance(prompt, str):
             ids = engine.encoder.ids(Prompt(text=prompt), config.apply_chat_template)
         else:

@@ -154,6 +154,31 @@ def cb_pipe(smol_dir):
     return ContinuousBatchingPipeline(smol_dir, None, "CPU", {**EXACT_F32, **PA_F32})
 
 
+@pytest.mark.parametrize(
+    ("ids", "refused"),
+    [
+        (np.array([[5, -1, 7]], np.int64), "token id -1 is outside the vocabulary"),
+        (np.array([[5, 49152]], np.int64), r"49152 is outside the vocabulary \[0, 49152\)"),
+        (np.array([[5.0, 7.5]], np.float32), "token ids must be integers"),
+        (np.array([[5, 6], [7, 8]], np.int64), r"add_request takes one prompt: .* \[2, 2\]"),
+        (np.zeros((1, 0), np.int64), "prompt is empty"),
+    ],
+)
+def test_add_request_refuses_the_ids_llm_pipeline_refuses(cb_pipe, f32_pipe, ids, refused):
+    """The same refusals as LLMPipeline's, before anything is queued; the pipeline still
+    serves the next request."""
+    import openvino as ov
+
+    from npuw_kv.errors import UsageError
+
+    with pytest.raises(UsageError, match=refused):
+        cb_pipe.add_request(90, ov.Tensor(ids), GenerationConfig(max_new_tokens=2))
+    good = np.array([[1, 2, 3, 4]], np.int64)
+    config = GenerationConfig(max_new_tokens=4, ignore_eos=True)
+    result = cb_pipe.generate([ov.Tensor(good)], config)
+    assert result[0].m_generation_ids[0] == _alone(f32_pipe, good[0], 4)
+
+
 def test_requests_join_and_leave_between_steps(cb_pipe, f32_pipe, text_ids):
     """genai's request-level API: requests added between steps join the batch, each handle
     reads its tokens as they come; stop keeps what came, cancel drops it."""
