@@ -273,6 +273,17 @@ def test_a_token_level_streamer_object_is_accepted(pipe, text_ids):
     assert "".join(pieces) == streamed.text
     with pytest.raises(ValueError, match="streamer must return None, a bool"):
         pipe.generate(text_ids(20), max_new_tokens=3, streamer=lambda text: "x")
+
+    class Odd(openvino_genai.StreamerBase):  # a token streamer held to the same rule
+        def write(self, token):
+            return "x"
+
+        def end(self) -> None:
+            pass
+
+    with pytest.raises(ValueError, match="streamer must return None, a bool.* got 'x'"):
+        pipe.generate(text_ids(20), max_new_tokens=3, streamer=Odd())
+    assert pipe.generate(text_ids(20), max_new_tokens=3).tokens  # the pipeline still serves
     with pytest.raises(ValueError, match="streamer must be a callable"):
         pipe.generate(text_ids(20), max_new_tokens=3, streamer="print")
 

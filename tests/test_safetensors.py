@@ -73,3 +73,22 @@ def test_only_regular_files_are_opened(tmp_path):
         read_safetensors(tmp_path)
     with pytest.raises(ValueError, match="cannot be read"):
         read_safetensors(tmp_path / "missing.safetensors")
+
+
+@pytest.mark.unit
+def test_an_adapter_giving_a_layer_twice_is_refused_naming_both_keys(tmp_path):
+    from npuw_kv.api.adapters import Adapter
+
+    first, second = "model.layers.0.q_proj.lora_A.weight", "model.layers.0.q_proj.lora_down.weight"
+    header = {
+        first: {"dtype": "F32", "shape": [1, 2], "data_offsets": [0, 8]},
+        second: {"dtype": "F32", "shape": [1, 2], "data_offsets": [8, 16]},
+        "model.layers.0.q_proj.lora_B.weight": {
+            "dtype": "F32",
+            "shape": [2, 1],
+            "data_offsets": [16, 24],
+        },
+    }
+    path = _file(tmp_path / "twice.safetensors", header, bytes(24))
+    with pytest.raises(ValueError, match=f"lora_A twice: '{first}' and '{second}'"):
+        Adapter(path)

@@ -59,6 +59,7 @@ class Adapter:
 
 def _pairs(name: str, tensors: dict[str, np.ndarray]) -> dict[str, LoraPair]:
     parts: dict[str, dict[str, np.ndarray]] = {}
+    keys: dict[tuple[str, str], str] = {}  # (layer, part) -> the tensor that gave it
     alphas = []
     for key, value in tensors.items():
         short = key[len(PREFIX) :] if key.startswith(PREFIX) else key
@@ -72,6 +73,12 @@ def _pairs(name: str, tensors: dict[str, np.ndarray]) -> dict[str, LoraPair]:
                 "weights, such as PEFT's modules_to_save, are not supported)"
             )
         part = "A" if match["part"] in ("A", "down") else "B"
+        if (match["layer"], part) in keys:
+            raise UsageError(
+                f"LoRA adapter {name!r} gives layer {match['layer']!r}'s lora_{part} twice: "
+                f"{keys[match['layer'], part]!r} and {key!r}"
+            )
+        keys[match["layer"], part] = key
         parts.setdefault(match["layer"], {})[part] = value
     if alphas:
         warnings.warn(

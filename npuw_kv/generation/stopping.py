@@ -71,12 +71,7 @@ class TextSink:
     def __call__(self, text: str) -> Any:
         status = self.callback(text)
         self.sent.append(text)
-        if status is None or isinstance(status, (bool, openvino_genai.StreamingStatus)):
-            return status
-        raise UsageError(
-            "a streamer must return None, a bool or an openvino_genai.StreamingStatus, "
-            f"got {status!r}"
-        )
+        return streamer_status(status)
 
     def finish(self, text: str) -> None:
         done = "".join(self.sent)
@@ -84,13 +79,23 @@ class TextSink:
             self(text[len(done) :])
 
 
+def streamer_status(status: Any) -> Any:
+    """What a streamer returned, if it is what a streamer may return (None, a bool or an
+    ``openvino_genai.StreamingStatus``): one rule for callables and ``StreamerBase.write``."""
+    if status is None or isinstance(status, (bool, openvino_genai.StreamingStatus)):
+        return status
+    raise UsageError(
+        f"a streamer must return None, a bool or an openvino_genai.StreamingStatus, got {status!r}"
+    )
+
+
 def _write(streamer: Any, token: int) -> Any:
-    """Hand one token to a token-level streamer."""
+    """Hand one token to a token-level streamer; what it returned, checked."""
     if isinstance(streamer, openvino_genai.TextParserStreamer):
         # its Python ``write`` takes the parsed message: tokens go in through ``_write``, which
         # decodes them and runs its parsers first (what genai's pipeline calls)
-        return streamer._write([token])
-    return streamer.write(token)
+        return streamer_status(streamer._write([token]))
+    return streamer_status(streamer.write(token))
 
 
 # what a streamer may return to end generation early (``CANCEL`` also drops the chat turn;
