@@ -214,3 +214,28 @@ def test_a_converter_failure_on_a_full_disk_says_so(tiny, tmp_path, monkeypatch)
     message = str(info.value)
     assert "iostream error" in message and "0 MB free" in message
     assert "NPUW_KV_CACHE_DIR" in message and "\n" not in message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("files", "phrase"),
+    [
+        (["a"], "'files' is not an object"),
+        ({"a": "big"}, "the entry of 'a' is not an object"),
+        ({"a": {"sha256": "0"}}, "'a' has no size (got None)"),
+        ({"a": {"size": "big", "sha256": "0"}}, "'a' has no size (got 'big')"),
+        ({"a": {"size": True, "sha256": "0"}}, "'a' has no size (got True)"),
+        ({"a": {"size": 1}}, "'a' has no sha256"),
+        ({"../../etc/passwd": {"size": 1, "sha256": "0"}}, "is not a file inside the entry"),
+        ({"/etc/passwd": {"size": 1, "sha256": "0"}}, "is not a file inside the entry"),
+    ],
+)
+def test_a_malformed_manifest_reads_as_damage_not_an_error(tmp_path, files, phrase):
+    """A manifest whose fields have the wrong type is a damaged entry (converted again, one
+    line saying why), not a raw Python error."""
+    import json
+
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / MANIFEST).write_text(json.dumps({"version": 1, "files": files}))
+    problem = entry_problem(tmp_path, ["a"])
+    assert problem is not None and phrase in problem

@@ -80,24 +80,48 @@ def entry_problem(entry: Path, required: Iterable[str]) -> str | None:
         with contextlib.suppress(OSError):
             write_manifest(entry)
         return None
-    try:
-        files: dict[str, Any] = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return f"{MANIFEST} unreadable"
+    files = _recorded(manifest)
+    if isinstance(files, str):
+        return files
     for name in absent:
         if name not in files:
             return f"{name} missing"
-    for name, want in files.items():
+    for name, (want, sha256) in files.items():
         path = entry / name
         try:
             size = path.stat().st_size
         except OSError:
             return f"{name} missing"
-        if size != want.get("size"):
-            return f"{name} has {size:,} bytes, {want.get('size'):,} were written"
-        if _digest(path, size) != want.get("sha256"):
+        if size != want:
+            return f"{name} has {size:,} bytes, {want:,} were written"
+        if _digest(path, size) != sha256:
             return f"{name} changed since it was written"
     return None
+
+
+def _recorded(manifest: Path) -> dict[str, tuple[int, str]] | str:
+    """Each file the manifest records, with its size and sha256; or what is wrong with the
+    manifest (then the entry is converted again), every field checked for its type."""
+    try:
+        files: Any = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return f"{MANIFEST} unreadable"
+    if not isinstance(files, dict):
+        return f"{MANIFEST}: 'files' is not an object"
+    out = {}
+    for name, want in files.items():
+        if not isinstance(want, dict):
+            return f"{MANIFEST}: the entry of {name!r} is not an object"
+        size, sha256 = want.get("size"), want.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"{MANIFEST}: {name!r} has no size (got {size!r})"
+        if not isinstance(sha256, str):
+            return f"{MANIFEST}: {name!r} has no sha256 (got {sha256!r})"
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            return f"{MANIFEST}: {name!r} is not a file inside the entry"
+        out[name] = (size, sha256)
+    return out
 
 
 @contextlib.contextmanager
