@@ -85,7 +85,7 @@ class GenerationHandle:
             if outcome is None or seq.result is not None:
                 seqs.append(seq)
                 continue
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, BaseException):
                 self._end(self, Status.IGNORED)
                 raise outcome
             for result in outcome if isinstance(outcome, list) else [outcome]:

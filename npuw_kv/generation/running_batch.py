@@ -104,7 +104,7 @@ class Ticket:
         out: list[list[GenerationResult]] = []
         for handle in self.handles:
             outcome = self.outcomes[handle]
-            if isinstance(outcome, Exception):
+            if isinstance(outcome, BaseException):
                 raise outcome
             out.append(outcome if isinstance(outcome, list) else [outcome])
         return out
@@ -297,6 +297,18 @@ class RunningBatch:
             ticket = self._owner.pop(handle, None)
             if ticket is not None:
                 ticket.outcomes[handle] = outcome
+                if not isinstance(outcome, Exception) and isinstance(outcome, BaseException):
+                    self._end_call(ticket, outcome)
+
+    def _end_call(self, ticket: Ticket, interrupt: BaseException) -> None:
+        """A call interrupted (its streamer raised ``KeyboardInterrupt``): its other sequences
+        end now, their blocks given back, and no streamer of it hears more; the call raises
+        ``interrupt`` in its own thread."""
+        for handle in ticket.handles:
+            if handle not in ticket.outcomes:
+                if handle in self.loops:
+                    self._drop(handle)
+                ticket.outcomes[handle] = interrupt
 
     def _drop(self, handle: int) -> None:
         self.loops.drop(handle)

@@ -34,10 +34,11 @@ class BatchTimes:
     beam_steps: int = 0  # beam search: its steps, counted as genai counts generated tokens
 
 
-Outcome = GenerationResult | list[GenerationResult] | Exception
+Outcome = GenerationResult | list[GenerationResult] | BaseException
 """A finished request: a sequence's result (a beam search's results), or the error that ended
-it alone (its streamer raised, a sampling setting failed) or ended every request of the step
-(the model call failed)."""
+it alone (its streamer raised, a sampling setting failed; a ``KeyboardInterrupt`` from its
+streamer too, which its call raises) or ended every request of the step (the model call
+failed)."""
 
 
 class TokenLoops:
@@ -133,10 +134,10 @@ class TokenLoops:
         for handle, logits in ready.items():
             if handle in self.beams:
                 job = self.beams[handle]
-                results: list[GenerationResult] | Exception | None
+                results: list[GenerationResult] | BaseException | None
                 try:
                     results = job.take(handle, logits.copy())  # kept until its beams are in
-                except Exception as exc:  # noqa: BLE001 - this search only
+                except BaseException as exc:  # noqa: BLE001 - this search only
                     results = exc
                 if results is not None:
                     done[job.root] = results
@@ -150,7 +151,9 @@ class TokenLoops:
                 done[handle] = stop.value
                 self.drop(handle)
                 continue
-            except Exception as exc:  # its streamer or its settings: this sequence only
+            except BaseException as exc:  # its streamer or its settings: this sequence only
+                # (a KeyboardInterrupt from its streamer too: its call raises it, in its own
+                # thread; the other sequences of this step go on)
                 done[handle] = exc
                 self.drop(handle)
                 continue
@@ -219,12 +222,12 @@ def generate_batch(
         outcomes: dict[tuple[int, int], Outcome] = {}
         while driver.running:
             for handle, outcome in driver.step()[1].items():
-                if isinstance(outcome, Exception):
+                if isinstance(outcome, BaseException):
                     raise outcome
                 outcomes[slot[handle]] = outcome
     finally:
         driver.close()
     for (prompt, _), outcome in sorted(outcomes.items(), key=lambda kv: kv[0]):
-        assert not isinstance(outcome, Exception)
+        assert not isinstance(outcome, BaseException)
         results[prompt] += outcome if isinstance(outcome, list) else [outcome]
     return results
