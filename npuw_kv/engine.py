@@ -300,6 +300,14 @@ class Engine:
             remedies.append("compute in f32 with INFERENCE_PRECISION_HINT=f32")
         if decided.kv_precision not in ("f32", None):
             remedies.append("store KV in f32 with kv_precision='f32'")
+        if self.lora is not None and any(self.lora.current):  # the likeliest cause: first
+            adapters = self.lora.graph.adapters
+            applied = ", ".join(
+                f"{getattr(a, 'name', a)}: {alpha:g}"
+                for a, alpha in zip(adapters, self.lora.current, strict=True)
+                if alpha
+            )
+            remedies.insert(0, f"lower the LoRA alphas (now {applied})")
         return NumericError.with_remedies(remedies)
 
     def kv_stats(self) -> dict[str, Any]:

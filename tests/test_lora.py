@@ -21,6 +21,7 @@ from conftest import shared_tiny_ir
 import npuw_kv
 from npuw_kv import Adapter, AdapterConfig, LLMPipeline
 from npuw_kv.config.settings import EXACT_F32
+from npuw_kv.errors import NumericError
 from npuw_kv.model.lora import structural_names, weight_matmuls
 from npuw_kv.model.safetensors import read_safetensors
 from npuw_kv.model.source import resolve_model
@@ -261,3 +262,18 @@ def test_layers_found_by_position_are_the_ones_optimum_names(lora):
     assert len(found) == 2 * 7  # every projection of both layers; the LM head is none of them
     for node, layer in found.items():
         assert f"__module.{layer}/aten::linear/MatMul" == named[node]
+
+
+def test_absurd_alphas_are_refused_or_named_when_the_logits_overflow(lora):
+    """An alpha float32 cannot hold is refused at once; one it can, but which overflows the
+    model's activations, fails the call with a NumericError naming the alphas first, and the
+    pipeline still serves the next call."""
+    first = Adapter(lora["first"])
+    with pytest.raises(ValueError, match="alpha must be a finite number within float32's range"):
+        AdapterConfig(first, 1e39)
+    pipe = LLMPipeline(lora["ir"], "CPU", adapters=AdapterConfig(first, 0.0), **EXACT_F32)
+    with pytest.raises(
+        NumericError, match=r"lower the LoRA alphas \(now .*first\.safetensors: 1e\+30"
+    ):
+        _run(pipe, adapters=AdapterConfig(first, 1e30))
+    assert _run(pipe, adapters=AdapterConfig(first, 0.75)) == lora["tokens"]["first"]

@@ -33,6 +33,7 @@ GENAI_ADAPTER = (
     "adapters: openvino_genai's Adapter does not expose its matrices; build it with "
     "npuw_kv.Adapter(path) (and npuw_kv.AdapterConfig)"
 )
+F32_MAX = float(np.finfo(np.float32).max)  # an alpha beyond it is inf in the graph
 
 
 class Adapter:
@@ -199,9 +200,12 @@ def _alpha(adapter: Any, alpha: Any) -> float:
         value = float(alpha)
     except (TypeError, ValueError):
         value = math.nan
-    if not math.isfinite(value) or isinstance(alpha, bool):
+    if not math.isfinite(value) or isinstance(alpha, bool) or abs(value) > F32_MAX:
         name = adapter.name if isinstance(adapter, Adapter) else repr(adapter)
-        raise UsageError(f"LoRA adapter {name!r}: alpha must be a finite number, got {alpha!r}")
+        raise UsageError(
+            f"LoRA adapter {name!r}: alpha must be a finite number within float32's range "
+            f"(the model reads it as one), got {alpha!r}"
+        )
     return value
 
 
