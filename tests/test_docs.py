@@ -108,3 +108,13 @@ def test_the_readme_is_a_user_guide():
     hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", w)
               and re.search(r"[a-f]", w)]  # fmt: skip
     assert not hashes, f"commit hashes in the README: {hashes}"
+
+
+@pytest.mark.unit
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """CI must run exactly the README's second set-up command, so a stage added to one is in
+    the other (the NPU rules pass was once in the README only)."""
+    readme = (ROOT / "README.md").read_text()
+    command = re.findall(r"```bash\n(.*?)\n```", readme, re.S)[1].strip()
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in lines
