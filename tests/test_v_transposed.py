@@ -365,6 +365,21 @@ def tiny_gguf(tmp_path_factory) -> Path:
     return resolve_model(gguf, cache_dir=root / "cache", log=lambda *a, **k: None)
 
 
+def _mixed(model: Path, monkeypatch, settings: dict) -> LLMPipeline:
+    """A pipeline whose prefill models 'do not match' the V rewrite (as NPUW meets on some
+    models): V transposed in the generate models only, said in a warning."""
+    rewrite = VL.transpose_value_tensors
+
+    def prefill_unmatched(model: ov.Model, layout: KVLayout) -> KVLayout:
+        if "prefill" in model.get_friendly_name():
+            raise VL.ValueLayoutMismatch("test: the prefill pattern")
+        return rewrite(model, layout)
+
+    monkeypatch.setattr(VL, "transpose_value_tensors", prefill_unmatched)
+    with pytest.warns(RuntimeWarning, match="prefill models keep V as"):
+        return LLMPipeline(model, "NPU", optimize_v_tensors="YES", **settings)
+
+
 @pytest.mark.parametrize("kv_binding", ["roi", "contiguous"])
 def test_mixed_layouts_relayout_the_prompt_at_the_switch(tiny_gguf, monkeypatch, kv_binding):
     """The prefill pattern 'does not match' (as NPUW meets on some models): the generate models
@@ -376,16 +391,7 @@ def test_mixed_layouts_relayout_the_prompt_at_the_switch(tiny_gguf, monkeypatch,
     # relayout alone
     monkeypatch.setattr(build, "static_shapes", lambda d, n: shapes_for(d.config, n))
     plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
-    rewrite = VL.transpose_value_tensors
-
-    def prefill_unmatched(model: ov.Model, layout: KVLayout) -> KVLayout:
-        if "prefill" in model.get_friendly_name():
-            raise VL.ValueLayoutMismatch("test: the prefill pattern")
-        return rewrite(model, layout)
-
-    monkeypatch.setattr(VL, "transpose_value_tensors", prefill_unmatched)
-    with pytest.warns(RuntimeWarning, match="prefill models keep V as"):
-        mixed = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="YES", **settings)
+    mixed = _mixed(tiny_gguf, monkeypatch, settings)
     stats = mixed.kv_stats()
     assert (stats["v_layout"], stats["prefill_v_layout"]) == ("HDS", "HSD")
 
@@ -417,16 +423,7 @@ def test_mixed_layouts_over_kv_blocks(tiny_gguf, monkeypatch):
     the relayout at the switch goes block by block and the tokens are the plain pipeline's."""
     settings = dict(prefill_chunk_size=C, max_prompt_len=128, min_response_len=32, **NPU)
     plain = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="NO", **settings)
-    rewrite = VL.transpose_value_tensors
-
-    def prefill_unmatched(model: ov.Model, layout: KVLayout) -> KVLayout:
-        if "prefill" in model.get_friendly_name():
-            raise VL.ValueLayoutMismatch("test: the prefill pattern")
-        return rewrite(model, layout)
-
-    monkeypatch.setattr(VL, "transpose_value_tensors", prefill_unmatched)
-    with pytest.warns(RuntimeWarning, match="prefill models keep V as"):
-        mixed = LLMPipeline(tiny_gguf, "NPU", optimize_v_tensors="YES", **settings)
+    mixed = _mixed(tiny_gguf, monkeypatch, settings)
     assert mixed.runner.cache.edges and mixed.runner.cache.edges == plain.runner.cache.edges
     ids = _ids(90)
     result = mixed.generate(ids, max_new_tokens=12, ignore_eos=True)
