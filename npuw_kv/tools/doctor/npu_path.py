@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import Counter
 from typing import Any
 
 from ...config.pipeline_config import PipelineConfig
@@ -89,8 +88,6 @@ def device_lines(stats: dict[str, Any]) -> list[str]:
     devices = stats.get(DEVICES_KEY)
     if devices is None:
         return [f"Where each sub-model runs: `kv_stats()` has no `{DEVICES_KEY}` in this npuw-kv."]
-    if not isinstance(devices, dict):
-        return [f"Where each sub-model runs (`{DEVICES_KEY}`): `{devices}`"]
     rows = ((f"`{name}`", f"`{device}`") for name, device in devices.items())
     return ["Where each sub-model runs (`kv_stats()`):", "", *md_table(("model", "device"), rows)]
 
@@ -108,16 +105,12 @@ def copies(ctx: DoctorContext) -> list[str]:
     ids = prompt_ids(pipe.get_tokenizer(), ctx.prompt_len)
     result = pipe.generate(ids, max_new_tokens=ctx.options.new_tokens, ignore_eos=True)
     stats, tokens = pipe.kv_stats(), len(result.tokens)
-    lines = [
+    return [
         f"One request: a {len(ids)}-token prompt, {tokens} tokens generated greedily "
         f"(TTFT {result.ttft_s:.3f} s, {result.ms_per_token:.1f} ms/token here).",
         "",
         *md_table(("copies (bytes)", "value"), copy_rows(stats, tokens)),
     ]
-    paths = stats.get("output_paths")
-    if paths is not None:
-        lines += ["", f"Present outputs bound as (`output_paths`): {describe_paths(paths)}."]
-    return lines
 
 
 def copy_rows(stats: dict[str, Any], tokens: int) -> list[tuple[str, str]]:
@@ -168,11 +161,3 @@ def per_token(value: float, tokens: int) -> str:
 
 def _bytes(value: Any) -> str:
     return f"{value:,}" if isinstance(value, (int, float)) else f"`{value}`"
-
-
-def describe_paths(paths: Any) -> str:
-    """``{port: path}`` as counts per path (``roi: 60``), else as it is."""
-    if isinstance(paths, dict):
-        counts = Counter(str(path) for path in paths.values())
-        return ", ".join(f"`{path}`: {n}" for path, n in sorted(counts.items())) or "none"
-    return f"`{paths}`"
