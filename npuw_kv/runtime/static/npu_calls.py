@@ -33,7 +33,10 @@ class NpuCalls:
         self._ports: dict[int, tuple[list[ov.Output], list[ov.Output]]] = {}
 
     def reset(self) -> None:
+        """A new prompt: the estimate, and the double's own count, start again."""
         self.estimate = 0
+        if self.io is not None and self.io.double is not None:
+            self.io.double.reset()
 
     def infer(self, model: BoundModel, write_slots: tuple[int, int]) -> None:
         """Run ``model``'s request; a strided output refused is staged and the call rerun."""

@@ -312,8 +312,6 @@ class StaticRunner(Runner):
         self.check_prompt(ids.size)
         self.copied.reset()
         self.calls.reset()
-        if (io := self.requests.npu_io) is not None and io.double is not None:
-            io.double.reset()
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
             self.prefix_store.save(self._cached, self.slots.first)
         plan, restore = (
