@@ -25,13 +25,18 @@ from ..errors import CompileError, UsageError, last_line
 if TYPE_CHECKING:  # compile.py reads missing_npu from here
     from .compile import Requests
 
+# where the NPU compiler library comes from (the doctor's report says it too)
+COMPILER_SOURCES = (
+    "OpenVINO's archive packages (2026.0 and later: Compiler-In-Plugin) and Intel's NPU "
+    "driver (linux-npu-driver releases) ship it; the PyPI `openvino` wheel does not"
+)
 # what a failed NPU compile says -> the missing piece, and where it comes from
 _MISSING = (
     (
         "npu_compiler_loader",
         "the NPU compiler (libopenvino_intel_npu_compiler_loader.so and "
         "libopenvino_intel_npu_compiler.so beside the NPU plugin)",
-        "OpenVINO's archive packages and Intel's NPU driver ship it; the PyPI wheel does not",
+        COMPILER_SOURCES,
     ),
     (
         "Could not find an NPU device",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ... import __version__
 from ...errors import last_line
+from ...runtime.npu_compile import COMPILER_SOURCES
 from .context import DoctorContext, error_text, md_table
 
 NPU_PROPERTIES = (
@@ -28,10 +29,6 @@ NPU_PROPERTIES = (
     "NPU_COMPILER_TYPE",
 )
 PLUGIN, LOADER = "openvino_intel_npu_plugin", "openvino_intel_npu_compiler_loader"
-LOADER_SOURCES = (
-    "OpenVINO's archive packages (2026.0 and later: Compiler-In-Plugin) and Intel's NPU "
-    "driver (linux-npu-driver releases) ship it; the PyPI `openvino` wheel does not"
-)
 PACKAGES = ("openvino", "openvino-genai", "openvino-tokenizers")
 
 
@@ -127,9 +124,8 @@ def npu_driver(ctx: DoctorContext) -> list[str]:
         ),
         "",
     ]
-    where = (
-        f"`{library_name(LOADER)}` must sit next to the NPU plugin, in `{libs}`: {LOADER_SOURCES}."
-    )
+    where = f"`{library_name(LOADER)}` must sit next to the NPU plugin, in `{libs}`: "
+    where += f"{COMPILER_SOURCES}."
     if loader.exists():
         lines.append(f"The compiler loader is there. ({where})")
     else:
