@@ -21,7 +21,6 @@ import openvino_genai
 
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
-from .api.inputs import MAX_SEQUENCES, Prompt, token_ids
 from .api.results import finish_reason
 from .engine import Engine
 from .errors import UsageError
@@ -197,26 +196,20 @@ class ContinuousBatchingPipeline:
     def add_request(self, request_id: int, prompt: Any, generation_config: Any) -> GenerationHandle:
         """Queue a request: ``prompt`` as text (through the chat template when the config's
         ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
-        engine = self.engine
-        config = engine.call_config(generation_config, {})
-        alphas = engine.alphas(config)  # LoRA: an adapter not registered is refused here
-        if isinstance(prompt, ov.Tensor):
-            shape = list(prompt.get_shape())
-            if len(shape) == 2 and shape[0] != 1:
-                raise UsageError(
-                    f"add_request takes one prompt: token ids of shape {shape} hold {shape[0]}; "
-                    "add each row as a request of its own"
-                )
-            ids = token_ids(prompt, engine.vocab_size)  # LLMPipeline's own check
-        elif isinstance(prompt, str):
-            ids = engine.encoder.ids(Prompt(text=prompt), config.apply_chat_template)
-        else:
+        if not isinstance(prompt, (str, ov.Tensor)):
             raise UsageError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
-        if config.num_return_sequences > MAX_SEQUENCES:
+        shape = list(prompt.get_shape()) if isinstance(prompt, ov.Tensor) else []
+        if len(shape) == 2 and shape[0] != 1:
             raise UsageError(
-                f"num_return_sequences={config.num_return_sequences}: at most {MAX_SEQUENCES} "
-                "per request"
+                f"add_request takes one prompt: token ids of shape {shape} hold {shape[0]}; "
+                "add each row as a request of its own"
             )
+        engine = self.engine
+        config, alphas, request = engine.admit(prompt, generation_config, {})
+        (ask,) = request.prompts
+        ids = ask.ids
+        if ids is None:
+            ids = engine.encoder.ids(ask, config.apply_chat_template)
         handle = GenerationHandle(int(request_id), self._end)
         factory = engine.constraint(config)
         beams = config.num_beams > 1

@@ -25,7 +25,7 @@ from .api.chat_prefix import system_prompt_tokens
 from .api.encoding import PromptEncoder, load_tokenizer
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
-from .api.inputs import Prompt
+from .api.inputs import Prompt, Request, check_request, read_inputs
 from .api.perf_metrics import CallTimer
 from .api.pipeline_args import (
     model_directory,
@@ -154,6 +154,25 @@ class Engine:
         if config.eos_token_id is None or config.eos_token_id < 0:  # genai's unset is -1
             config.eos_token_id = self.tokenizer.get_eos_token_id()
         return config
+
+    def admit(
+        self,
+        inputs: Any,
+        generation_config: Any,
+        kwargs: Mapping[str, Any],
+        streamer: Any = None,
+        chatting: bool = False,
+    ) -> tuple[GenerationConfig, Alphas | None, Request]:
+        """The one check every entry point makes before any work (``LLMPipeline.generate``,
+        ``ContinuousBatchingPipeline.add_request`` / ``generate``, and through them the server
+        and the CLI), so one bad input gets one refusal everywhere: the call's config, its
+        LoRA alphas (an adapter not registered is refused first), and its prompts."""
+        config = self.call_config(generation_config, kwargs)
+        alphas = self.alphas(config)
+        self.assisted.check(config)  # assisted-generation fields need prompt_lookup / a draft
+        request = read_inputs(inputs, self.vocab_size)
+        check_request(request, config, streamer, chatting)
+        return config, alphas, request
 
     def alphas(self, config: GenerationConfig) -> Alphas | None:
         """The LoRA alphas a call runs with (None: the engine has no adapters); an adapter

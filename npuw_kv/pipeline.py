@@ -23,7 +23,7 @@ from .api.chat_turns import check_turn_kind, token_turn
 from .api.encoding import check_text
 from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
-from .api.inputs import Prompt, check_request, read_inputs
+from .api.inputs import Prompt
 from .api.perf_metrics import CallTimer
 from .api.results import DecodedResults, EncodedResults, TextResult, shape_results
 from .config.pipeline_config import PipelineConfig
@@ -201,11 +201,10 @@ class LLMPipeline:
         engine = self.engine
         with engine.exclusive():
             timer = CallTimer(self.load_time)
-            config = engine.call_config(generation_config, kwargs)
-            alphas = engine.alphas(config)  # an adapter not registered is refused first
-            engine.assisted.check(config)  # assisted-generation fields need prompt_lookup/draft
-            request = read_inputs(inputs, self.vocab_size)
-            check_request(request, config, streamer, self._history is not None)
+            config, alphas, request = engine.admit(
+                inputs, generation_config, kwargs, streamer, self._history is not None
+            )
+            engine.assisted.start()
             parsing = streamer if isinstance(streamer, openvino_genai.TextParserStreamer) else None
             if parsing is not None:  # as genai: its parsers and message start afresh every call
                 parsing.reset()

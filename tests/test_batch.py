@@ -4,7 +4,9 @@ leaves, and when the KV pools are too small for all of them at once (preemption)
 
 from __future__ import annotations
 
+import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -348,3 +350,62 @@ def test_window_pools_sized_for_a_batch_preempt_nothing(windowed, text_ids, seed
     reading = min_live_blocks(length, 64, 32, chunk)
     assert pipe.kv_stats()["kv_pool_blocks"]["64"] == 10 * decoding + chunk // 32 + 1
     assert chunk // 32 + 1 < 10 * (reading - decoding)  # tighter than a chunk per sequence
+
+
+LONG_PROMPT = "hi " * 1100  # over the MAX_PROMPT_LEN of 1024 of conftest's f32 pipelines
+# bad inputs every entry point can be given, and the refusal each gets
+REFUSALS = [
+    (LONG_PROMPT, {}, r"prompt has \d+ tokens but MAX_PROMPT_LEN is 1024"),
+    ("a\ud800b", {}, r"text is not valid Unicode: surrogates not allowed at character 1"),
+    ("hi", {"num_assistant_tokens": 3}, r"num_assistant_tokens=3 needs assisted generation"),
+    ("hi", {"num_return_sequences": 2000, "do_sample": True}, r"= 2000 sequences in one call"),
+]
+
+
+def _refusal(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "fields", "refused"), REFUSALS, ids=["long", "surrogate", "assisted", "too-many"]
+)
+def test_every_entry_point_refuses_a_bad_input_with_one_message(
+    cb_pipe, monkeypatch, capsys, prompt, fields, refused
+):
+    """LLMPipeline.generate, ContinuousBatchingPipeline.add_request and generate, the server
+    and the CLI go through one check (Engine.admit): the same input, the same message."""
+    import openvino_genai
+    from starlette.testclient import TestClient
+
+    from npuw_kv.cli import commands
+    from npuw_kv.serve.app import make_app
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 2
+    config.apply_chat_template = False  # raw text, as /v1/completions and --no-chat-template
+    for name, value in fields.items():
+        setattr(config, name, value)
+    pipe = LLMPipeline(cb_pipe.engine)
+    messages = {
+        "LLMPipeline.generate": _refusal(lambda: pipe.generate(prompt, config)),
+        "add_request": _refusal(lambda: cb_pipe.add_request(7, prompt, config)),
+        "ContinuousBatchingPipeline.generate": _refusal(lambda: cb_pipe.generate([prompt], config)),
+    }
+    if not fields:  # the server and the CLI set these fields their own way (n, no draft)
+        with TestClient(make_app(pipe, "m", live=1, queue=1)) as client:
+            body = {"model": "m", "prompt": prompt, "max_tokens": 2}  # "\ud800" stays escaped
+            reply = client.post("/v1/completions", content=json.dumps(body))
+        assert reply.status_code == 400, reply.text
+        messages["server"] = reply.json()["error"]["message"]
+    if prompt == LONG_PROMPT:  # a shell's argv carries no lone surrogate (its own refusal)
+        monkeypatch.setattr(commands, "_load", lambda args: pipe)
+        argv = ["generate", "--no-chat-template", "--max-new-tokens", "2", prompt]
+        assert commands._main(argv) == 2
+        messages["CLI"] = capsys.readouterr().err
+    core = {name: re.search(refused, text) for name, text in messages.items()}
+    assert all(core.values()), messages
+    assert len({m.group(0) for m in core.values() if m}) == 1, messages
+    assert not cb_pipe.has_non_finished_requests()  # nothing was queued
+    assert pipe.generate("hi", max_new_tokens=2, ignore_eos=True) is not None

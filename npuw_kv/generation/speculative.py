@@ -307,8 +307,11 @@ class Assisted:
         return cls(mode, runner)
 
     def check(self, config: GenerationConfig) -> None:
-        """Refuse what ``config`` asks that this pipeline cannot do; a generate call starts."""
+        """Refuse what ``config`` asks that this pipeline cannot do."""
         check_config(config, self.mode)
+
+    def start(self) -> None:
+        """A generate call starts: the extended metrics are its own."""
         self._done = []
 
     def runner(self, runner: Runner, config: GenerationConfig) -> Runner:
