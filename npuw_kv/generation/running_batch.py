@@ -213,7 +213,7 @@ class RunningBatch:
 
     def wait(self, ticket: Ticket) -> list[list[GenerationResult]]:
         """Run steps until ``ticket``'s requests are done; their results in order."""
-        self._run_until(lambda: ticket.complete)
+        self._run_until(lambda: ticket.complete, ticket)
         return ticket.results()
 
     @contextmanager
@@ -259,10 +259,13 @@ class RunningBatch:
                 self._joining -= 1
                 self._cond.notify_all()
 
-    def _run_until(self, finished: Callable[[], bool]) -> None:
+    def _run_until(self, finished: Callable[[], bool], mine: Ticket | None = None) -> None:
         """Wait, or run the next step for everyone, until ``finished()``.  The thread that
         steps keeps stepping; the others sleep until a request ends (theirs, maybe), a thread
-        waits to join, or the stepper leaves (then one of them steps)."""
+        waits to join, or the stepper leaves (then one of them steps).  A step interrupted in
+        the model call (Ctrl-C: ``KeyboardInterrupt`` in the thread running it) ends the call
+        of that thread (``mine``) and raises there; the other calls go on, their sequences
+        read again from their tokens."""
         self._refuse_reentry()
         with self._cond:
             try:
@@ -273,14 +276,16 @@ class RunningBatch:
                         continue
                     self._stepper = threading.get_ident()
                     self._cond.release()
-                    stepped: tuple[dict[int, int], dict[int, Outcome]] | None = None
                     try:
                         stepped = self.loops.step()
-                    finally:
+                    except BaseException as exc:
                         self._cond.acquire()
                         self._stepper = None
-                        if stepped is None:  # interrupted (KeyboardInterrupt): every call ends
-                            self._record({}, dict.fromkeys(self._owner, _interrupted()))
+                        if mine is not None:
+                            self._end_call(mine, exc)
+                        raise
+                    self._cond.acquire()
+                    self._stepper = None
                     self._record(*stepped)
                     if stepped[1] or self._joining:
                         self._cond.notify_all()
@@ -301,9 +306,9 @@ class RunningBatch:
                     self._end_call(ticket, outcome)
 
     def _end_call(self, ticket: Ticket, interrupt: BaseException) -> None:
-        """A call interrupted (its streamer raised ``KeyboardInterrupt``): its other sequences
-        end now, their blocks given back, and no streamer of it hears more; the call raises
-        ``interrupt`` in its own thread."""
+        """A call interrupted (its streamer raised ``KeyboardInterrupt``, or Ctrl-C came while
+        its thread ran the step): its other sequences end now, their blocks given back, and no
+        streamer of it hears more; the call raises ``interrupt`` in its own thread."""
         for handle in ticket.handles:
             if handle not in ticket.outcomes:
                 if handle in self.loops:
@@ -331,7 +336,3 @@ class RunningBatch:
 
 def _no_modes(mode: Any) -> None:
     raise AssertionError(f"a batch session without modes asked for mode {mode!r}")
-
-
-def _interrupted() -> Exception:
-    return RuntimeError("the batch step running this request was interrupted; try again")

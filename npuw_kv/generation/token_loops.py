@@ -112,23 +112,27 @@ class TokenLoops:
     def step(self) -> tuple[dict[int, int], dict[int, Outcome]]:
         """One scheduler step: the token each sequence chose (and was fed), and the outcomes of
         those that finished (their blocks given back).  If the model call fails, every
-        sequence ends with its error."""
+        sequence ends with its error; if it is interrupted (``KeyboardInterrupt``), none does."""
         start = time.perf_counter() * 1e6
         try:
             ready = self.scheduler.step()
+            end = time.perf_counter() * 1e6
+            owners = [self.beams[h].root if h in self.beams else h for h in ready]
+            for times in {
+                id(self.times[h]): self.times[h] for h in owners if h in self.times
+            }.values():
+                times.ends.append(end)
+                times.durations.append(end - start)
+                times.sizes.append(len(ready))
         except Exception as exc:
             failed: dict[int, Outcome] = dict.fromkeys([*self.loops, *self.jobs], exc)
             self.close()
             return {}, failed
         except BaseException:
-            self.close()
+            # Ctrl-C landing in the model call: the step never happened, and every sequence
+            # is read again at its next one (the caller decides whose call ends)
+            self.scheduler.restart()
             raise
-        end = time.perf_counter() * 1e6
-        owners = [self.beams[h].root if h in self.beams else h for h in ready]
-        for times in {id(self.times[h]): self.times[h] for h in owners if h in self.times}.values():
-            times.ends.append(end)
-            times.durations.append(end - start)
-            times.sizes.append(len(ready))
         tokens: dict[int, int] = {}
         done: dict[int, Outcome] = {}
         for handle, logits in ready.items():

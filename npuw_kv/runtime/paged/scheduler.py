@@ -262,6 +262,19 @@ class Scheduler:
             budget -= end - start
         return plan
 
+    def restart(self) -> None:
+        """After a step that did not end (interrupted in the model call, or between the call
+        and the handing out of its logits): every live sequence is read again from its
+        tokens, as a preempted one is, so none waits for logits that never came.  The runner
+        has forgotten the blocks the step registered (``PagedRunner.writing``)."""
+        for seq in sorted(self.live.values(), key=lambda s: s.handle, reverse=True):
+            if seq.admitted or seq.computed:
+                self._release(seq)
+                if seq not in self.waiting:
+                    self.waiting.appendleft(seq)
+                seq.computed, seq.preemptions = 0, seq.preemptions + 1
+                self.stats.preemptions += 1
+
     def _admitted(self) -> int:
         return sum(s.admitted for s in self.live.values())
 
