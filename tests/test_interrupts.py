@@ -107,12 +107,12 @@ class InterruptAt:
 
     def __init__(self, runner, at: int) -> None:
         self.call, self.at, self.calls = runner.last_logits, at, 0
-        self.thread: int | None = None
+        self.thread: threading.Thread | None = None
 
     def __call__(self, parts):
         self.calls += 1
         if self.calls == self.at:
-            self.thread = threading.get_ident()
+            self.thread = threading.current_thread()  # an ident may be reused
             raise KeyboardInterrupt
         return self.call(parts)
 
@@ -129,10 +129,10 @@ def test_ctrl_c_in_the_model_call_ends_only_the_stepping_threads_call(
     start = threading.Barrier(4)
     got: dict[int, list[int]] = {}
     raised: dict[int, BaseException] = {}
-    threads: dict[int, int] = {}
+    threads: dict[int, threading.Thread] = {}
 
     def call(i: int) -> None:
-        threads[i] = threading.get_ident()
+        threads[i] = threading.current_thread()
         start.wait()
         try:
             got[i] = list(pipe.generate(prompts[i], max_new_tokens=12, ignore_eos=True).tokens)
@@ -145,7 +145,7 @@ def test_ctrl_c_in_the_model_call_ends_only_the_stepping_threads_call(
     for t in workers:
         t.join(timeout=300)
     assert interrupt.thread is not None
-    (stepper,) = [i for i, ident in threads.items() if ident == interrupt.thread]
+    (stepper,) = [i for i, thread in threads.items() if thread is interrupt.thread]
     assert list(raised) == [stepper] and isinstance(raised[stepper], KeyboardInterrupt)
     assert got == {i: want[i] for i in range(4) if i != stepper}  # read again, the same tokens
     pipe.runner.blocks.check_invariants()
