@@ -1,5 +1,6 @@
-"""A bench's worker process ends with the bench: Ctrl-C (SIGINT) or SIGTERM to the bench kills
-the worker it is waiting for instead of leaving it running (no model: the worker is a sleeper)."""
+"""A bench's child process (a worker, a snippet probe) ends with the bench: Ctrl-C (SIGINT),
+SIGTERM or SIGKILL to the bench ends the child it is waiting for instead of leaving it running
+(no model: the child is a sleeper)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ def announced(*args, **kwargs):
 subprocess.Popen = announced
 bench_worker.worker_result([sys.executable, "-c", "import time; time.sleep(120)"], "sleeper")
 """
+# the snippet probe's parent (``bench --snippet-kernels``), its probe a sleeper too
+SNIPPETS = """
+import sys, subprocess
+from npuw_kv.tools import children, snippets
+
+real = subprocess.Popen
+
+def announced(cmd, **kwargs):
+    proc = real([sys.executable, "-c", "import time; time.sleep(120)"], **kwargs)
+    print(proc.pid, flush=True)
+    return proc
+
+subprocess.Popen = announced
+snippets.snippet_kernels()
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -39,13 +55,20 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_bench_ends_its_worker(signum):
+@pytest.mark.parametrize("parent", [PARENT, SNIPPETS], ids=["bench-worker", "snippet-probe"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_to_the_bench_ends_its_worker(parent, signum):
+    """SIGINT and SIGTERM: the parent kills its child on the way out; SIGKILL (no handler
+    runs): the kernel does (``tools.children``)."""
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", parent], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert parent.stdout is not None
-    worker = int(parent.stdout.readline())
+    line = parent.stdout.readline()
+    while not line.strip().isdigit():  # the snippet table's header comes first
+        assert line, parent.stderr.read() if parent.stderr else "no output"
+        line = parent.stdout.readline()
+    worker = int(line)
     assert _alive(worker)
     time.sleep(0.5)  # the parent is now waiting on the worker's output
     os.kill(parent.pid, signum)

@@ -15,6 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..tools import children
+
 START_S = 300  # a cold model cache converts the GGUF first
 
 
@@ -24,7 +26,7 @@ class ServeProcess:
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
         self._stderr: str | None = None
         command = [sys.executable, "-m", "npuw_kv.cli", "serve", "--port", "0", *args]
-        self.proc = subprocess.Popen(
+        self.proc = children.start(
             command, stdout=subprocess.PIPE, stderr=self.log, text=True, env=dict(os.environ)
         )
         assert self.proc.stdout is not None

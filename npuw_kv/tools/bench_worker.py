@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 from ..config.pipeline_config import PipelineConfig
+from . import children
 
 RUNTIMES = (
     "npuw-kv",
@@ -69,8 +70,8 @@ def worker_result(cmd: list[str], runtime: str, **row: Any) -> dict[str, Any]:
     time since it started; the JSON row it printed last, or a row with ``row``'s fields saying
     why it failed (its last other line of stderr)."""
     start = time.perf_counter()
-    with _sigterm_exits():
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with sigterm_exits():
+        proc = children.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None and proc.stdout is not None
         other: list[str] = []
         try:
@@ -93,7 +94,7 @@ def worker_result(cmd: list[str], runtime: str, **row: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _sigterm_exits() -> Iterator[None]:
+def sigterm_exits() -> Iterator[None]:
     """While a worker runs, SIGTERM to this process raises ``SystemExit`` (in the main thread)
     instead of ending it at once, so the worker is killed on the way out, not orphaned."""
     if threading.current_thread() is not threading.main_thread():

@@ -8,10 +8,10 @@ plugin starts cold.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
-from .bench_worker import status_mb
+from . import children
+from .bench_worker import sigterm_exits, status_mb
 
 # (heads, head_dim) of the attention ops ``--snippet-kernels`` compiles: SmolLM2's 9 x 64 and
 # its neighbours
@@ -50,7 +50,8 @@ def snippet_kernels(shapes: tuple[tuple[int, int], ...] = SNIPPET_SHAPES) -> Non
     def compile_mb(ops_count: int, heads: int, head_dim: int) -> float:
         cmd = [sys.executable, "-m", "npuw_kv.tools.bench", "--snippet-probe"]
         cmd += [str(ops_count), str(heads), str(head_dim)]
-        return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        with sigterm_exits():  # the probe is killed on the way out, not orphaned
+            return float(children.run_output(cmd))
 
     print("heads  head_dim  MB for 1 op  MB for 10 ops  MB per extra op", flush=True)
     for heads, head_dim in shapes:
