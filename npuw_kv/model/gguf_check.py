@@ -4,19 +4,21 @@ The converter maps the file and follows its counts and offsets without bounds ch
 truncated download or a corrupt header makes it read past the mapping and the process dies
 with SIGSEGV.  gguf-py's reader walks the same structure in Python; here each of its reads is
 bounds-checked and each tensor's data range is checked against the file size, so a bad file
-ends as a one-line message instead.  Only the metadata is read: the tensor data stays unread in
-the memory map.
+ends as a one-line message instead, naming the metadata key or tensor it was reading.  Only the
+metadata is read: the tensor data stays unread in the memory map.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import stat
 import struct
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import gguf
 import numpy as np
@@ -33,6 +35,19 @@ _MIN_KV_BYTES = 8 + 4 + 1
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 _ARRAY_HEADER_BYTES = 4 + 8  # item type, item count
 _ARRAY = int(gguf.GGUFValueType.ARRAY)  # an int: comparing with the enum member is slow
+_MAX_NAME_SHOWN = 80  # a corrupt name length: the first bytes are enough to name it
+
+
+class _Part(NamedTuple):
+    """A list in the file, for messages: its section, what names an item, what an item is."""
+
+    section: str
+    name: str
+    item: str
+
+
+_METADATA = _Part("metadata", "key", "metadata entry")
+_TENSORS = _Part("tensor table", "tensor", "tensor description")
 
 
 class GGUFProblem(ValueError):
@@ -176,6 +191,48 @@ class _BoundedReader(gguf.GGUFReader):
             raise _PastEnd(end)
         array = self._bytes[offset:end].view(item)
         return array.view(array.dtype.newbyteorder(override_order or self.byte_order))
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        """gguf-py's loop, one metadata entry at a time: what goes wrong names the entry's key
+        (an unknown value type, a key that is not UTF-8, a repeated key...)."""
+        for index in range(int(count)):
+            with self._naming(_METADATA, offs, index, int(count)):
+                offs = super()._build_fields(offs, 1)
+        return offs
+
+    def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list[gguf.ReaderField]]:
+        """gguf-py's loop, one tensor description at a time, for the same reason."""
+        fields: list[gguf.ReaderField] = []
+        for index in range(int(count)):
+            with self._naming(_TENSORS, offs, index, int(count)):
+                offs, found = super()._build_tensor_info(offs, 1)
+            fields += found
+        return offs, fields
+
+    @contextlib.contextmanager
+    def _naming(self, part: _Part, offset: int, index: int, count: int) -> Iterator[None]:
+        """Failures reading item ``index`` (at ``offset``) of ``part`` as a GGUFProblem that
+        names the item; a read past the end is left to :func:`_read` (the item is garbage)."""
+        try:
+            yield
+        except _PastEnd:
+            raise
+        except GGUFProblem as exc:
+            raise GGUFProblem(f"{exc} ({self._item(part, offset, index, count)})") from None
+        except Exception as exc:  # gguf-py's ValueError, KeyError, UnicodeError...
+            where = self._item(part, offset, index, count)
+            raise GGUFProblem(f"corrupt {part.section}: {where}: {_describe(exc)}") from exc
+
+    def _item(self, part: _Part, offset: int, index: int, count: int) -> str:
+        """Item ``index`` of ``part`` for a message: its name (as far as it reads) and place."""
+        place = f"{part.item} {index + 1:,} of {count:,}"
+        try:
+            length = int(self._get(offset, np.uint64)[0])
+            raw = bytes(self._get(offset + 8, np.uint8, min(length, _MAX_NAME_SHOWN)))
+        except _PastEnd:
+            return f"{place}, at byte {offset:,}"
+        shown = repr(raw.decode("utf-8", "replace")) + ("..." if length > len(raw) else "")
+        return f"{part.name} {shown}, {place}"
 
     def _get_field_parts(
         self, orig_offs: int, raw_type: int
