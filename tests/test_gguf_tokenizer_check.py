@@ -264,3 +264,23 @@ def test_the_pipelines_chat_template_error_keeps_its_message(tiny_ir):
     # the pipeline stays usable: raw text does not go through the template
     raw = pipe.generate("Hello there", max_new_tokens=2, ignore_eos=True, apply_chat_template=False)
     assert len(raw.tokens) == 2
+
+
+# a template that wants a user turn after the system message (as several chat models' do)
+USER_NEEDED = (
+    "{% if messages|length == 1 %}{{ raise_exception('a user turn must follow') }}{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_refusing_a_lone_system_message_still_serves_the_chat(tiny_ir):
+    """The paged path templates the system message alone too, to hold its KV cached longest:
+    a template that refuses that chat costs the hold, not the call."""
+    pipe = LLMPipeline(tiny_ir, "CPU", attention_backend="pa")
+    pipe.get_tokenizer().set_chat_template(USER_NEEDED)
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello"}]
+    answer = pipe.generate(chat, max_new_tokens=2, ignore_eos=True)
+    assert answer.perf_metrics.get_num_generated_tokens() == 2
+    with pytest.raises(UsageError, match="a user turn must follow"):
+        pipe.generate([chat[0]], max_new_tokens=2)

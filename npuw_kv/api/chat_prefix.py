@@ -17,10 +17,14 @@ def system_prompt_tokens(
     tokenizer: Any, messages: Sequence[dict[str, Any]] | None, ids: np.ndarray
 ) -> int:
     """Leading tokens of ``ids`` (the templated ``messages``) that the system message alone
-    templates to; 0 when the chat has no system message."""
+    templates to; 0 when the chat has no system message, or when the template refuses a chat
+    of the system message alone (some insist on a user turn): holding it is only a speed-up."""
     if not messages or messages[0].get("role") != "system":
         return 0
-    text = tokenizer.apply_chat_template(list(messages[:1]), add_generation_prompt=False)
+    try:
+        text = tokenizer.apply_chat_template(list(messages[:1]), add_generation_prompt=False)
+    except RuntimeError:
+        return 0
     head = np.asarray(tokenizer.encode(text, add_special_tokens=False).input_ids.data).reshape(-1)
     ids = np.asarray(ids).reshape(-1)
     n = min(head.size, ids.size)
