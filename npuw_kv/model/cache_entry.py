@@ -23,11 +23,13 @@ from typing import Any
 
 from ..errors import ModelSourceError
 from .ir_cache import LOCK_FILE, conversion_dir
+from .small_file import read_small
 
 if sys.platform != "win32":
     import fcntl
 
 MANIFEST = "npuw_kv_manifest.json"
+MANIFEST_LIMIT = 16 << 20  # a few kB in practice: a bigger one is not ours
 WHOLE_HASH_BYTES = 64 << 20  # files up to this size are hashed whole; larger ones at both ends
 END_BYTES = 4 << 20  # how much of each end of a large file is hashed (with its size)
 
@@ -103,7 +105,7 @@ def _recorded(manifest: Path) -> dict[str, tuple[int, str]] | str:
     """Each file the manifest records, with its size and sha256; or what is wrong with the
     manifest (then the entry is converted again), every field checked for its type."""
     try:
-        files: Any = json.loads(manifest.read_text())["files"]
+        files: Any = json.loads(read_small(manifest, MANIFEST_LIMIT))["files"]
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
         return f"{MANIFEST} unreadable"
     if not isinstance(files, dict):

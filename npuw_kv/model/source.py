@@ -35,6 +35,7 @@ from .ir_cache import (
     source_info,
 )
 from .ir_cache import write_source_info as _write_source_info
+from .small_file import read_small
 
 if TYPE_CHECKING:
     import gguf as gguf_py
@@ -174,8 +175,8 @@ def read_json(path: Path) -> dict[str, Any]:
     """A model directory's JSON file as a dict; a damaged one is a ``ModelLoadError`` naming
     it (and, for a cache entry, how to have it made again)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = json.loads(read_small(path).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # a FIFO or a huge file among them
         raise ModelLoadError(
             f"{path} is not valid JSON ({exc}); if the directory is an npuw-kv cache entry, "
             "delete it and it is converted again"
