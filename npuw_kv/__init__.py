@@ -74,7 +74,7 @@ if "openvino_genai" in sys.modules:  # its draft_model objects are opaque: recor
     from .generation.draft import record_genai_drafts
 
     record_genai_drafts()
-_RESULTS = ("DecodedResults", "EncodedResults", "MeanStdPair", "PerfMetrics", "TextResult")
+_RESULTS = ("DecodedResults", "EncodedResults", "PerfMetrics", "TextResult")
 
 
 def __getattr__(name: str) -> Any:
@@ -87,6 +87,10 @@ def __getattr__(name: str) -> Any:
         from .api import results
 
         return getattr(results, name)
+    if name == "MeanStdPair":
+        from .api.perf_metrics import MeanStdPair
+
+        return MeanStdPair
     if name == "GenerationConfig":
         from .api.generation_config import GenerationConfig
 
