@@ -105,9 +105,9 @@ class Engine:
             else None
         )
         self.generation_config = GenerationConfig(
-            eos_token_id=self.tokenizer.get_eos_token_id(),
-            adapters=given.adapters if given.adapters else None,
+            adapters=given.adapters if given.adapters else None
         )
+        self.fill_eos(self.generation_config)
         if given.generation_config is not None:
             self.set_generation_config(given.generation_config)
         # the user sized the paged KV room: batches are preempted in it rather than grow it
@@ -141,19 +141,25 @@ class Engine:
     # -- a call's settings --------------------------------------------------------------------
     def set_generation_config(self, config: GenerationConfig) -> None:
         """As genai: an unset ``eos_token_id`` keeps the model's."""
-        self.generation_config = GenerationConfig.build(config)
-        eos = self.generation_config.eos_token_id
-        if eos is None or eos < 0:
-            self.generation_config.eos_token_id = self.tokenizer.get_eos_token_id()
+        config = GenerationConfig.build(config)
+        self.fill_eos(config)
+        config.validate()
+        self.generation_config = config
 
     def call_config(self, generation_config: Any, kwargs: Mapping[str, Any]) -> GenerationConfig:
         """A call's config: ours, genai's or a dict (None: the default), ``kwargs`` over it."""
         if isinstance(generation_config, Mapping):  # genai takes a dict of settings too
             kwargs, generation_config = {**generation_config, **kwargs}, None
         config = GenerationConfig.build(generation_config or self.generation_config, **kwargs)
-        if config.eos_token_id is None or config.eos_token_id < 0:  # genai's unset is -1
-            config.eos_token_id = self.tokenizer.get_eos_token_id()
+        self.fill_eos(config)
+        config.validate()
         return config
+
+    def fill_eos(self, config: GenerationConfig) -> None:
+        """As genai: a config without an EOS takes the tokenizer's."""
+        eos = self.tokenizer.get_eos_token_id()
+        if config.eos_token_id is None and eos >= 0:
+            config.set_eos_token_id(eos)
 
     def admit(
         self,

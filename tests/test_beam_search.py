@@ -174,4 +174,4 @@ def test_streamer_is_refused_with_beams(f32_pipe, text_ids):
 )
 def test_beam_settings_are_checked_as_genai(settings, message):
     with pytest.raises(ValueError, match=message):
-        GenerationConfig(**settings)
+        GenerationConfig(max_new_tokens=8, **settings).validate()

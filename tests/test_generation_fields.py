@@ -112,11 +112,12 @@ def test_round_trip_of_every_field_through_genai():
 )
 def test_unsupported_fields_are_refused_by_name(name, value, reason):
     with pytest.raises(ValueError, match=f"{name}=.*{reason}"):
-        GenerationConfig(**{name: value})
+        GenerationConfig(max_new_tokens=4, **{name: value}).validate()
     theirs = openvino_genai.GenerationConfig()
+    theirs.max_new_tokens = 4
     setattr(theirs, name, value)
     with pytest.raises(ValueError, match=name):
-        GenerationConfig.build(theirs)
+        GenerationConfig.build(theirs).validate()
 
 
 @pytest.mark.parametrize(
@@ -140,13 +141,12 @@ def test_assisted_fields_need_a_speculative_pipeline(f32_pipe, count_ids, name, 
         ({"num_return_sequences": 2}, "num_return_sequences=2 needs do_sample"),
         ({"presence_penalty": 3.0}, r"presence_penalty must be in \[-2, 2\]"),
         ({"frequency_penalty": -2.5}, r"frequency_penalty must be in \[-2, 2\]"),
-        ({"min_p": 1.0}, r"min_p must be in \[0, 1\)"),
+        ({"do_sample": True, "min_p": 1.0}, r"min_p must be in \[0, 1\) when sampling"),
         ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens .5. must be <= max_new"),
-        ({"stop_token_ids": {-3}}, r"stop_token_ids must be token ids \(integers >= 0\)"),
+        ({"stop_token_ids": {-3}}, r"stop_token_ids must be >= 0, got -3"),
         ({"stop_token_ids": {2**64}}, "stop_token_ids must be token ids"),
         ({"eos_token_id": 2**64}, f"eos_token_id must be <= {2**63 - 1}"),
         ({"rng_seed": 2**64}, f"rng_seed must be <= {2**64 - 1}"),
-        ({"num_beam_groups": 3}, r"num_beam_groups \(3\) must be <= num_beams \(1\)"),
         ({"logprobs": -1}, "logprobs must be >= 0"),
         ({"echo": "yes"}, "echo must be True or False"),
         ({"repetition_penalty": float("nan")}, "repetition_penalty must be a finite number"),
@@ -159,8 +159,9 @@ def test_assisted_fields_need_a_speculative_pipeline(f32_pipe, count_ids, name, 
     ],
 )
 def test_bad_values_name_the_field(settings, message):
+    """Types when the config is built, values when it is validated (as genai's)."""
     with pytest.raises(ValueError, match=message):
-        GenerationConfig(**settings)
+        GenerationConfig(**{"max_new_tokens": 8, **settings}).validate()
 
 
 def test_calls_asking_for_absurd_numbers_of_sequences_are_refused(f32_pipe):

@@ -160,7 +160,7 @@ def test_repetition_penalty_discourages_seen_tokens(pipe):
     assert penalized(logits) == 1  # 3.0 / 1.2 = 2.5 < 2.9
     assert penalized(np.array([-1.0, -1.1, -1.15, -5.0], np.float32)) == 2  # -1.2, -1.32 (seen)
     with pytest.raises(ValueError, match="repetition_penalty"):
-        GenerationConfig(repetition_penalty=0)
+        GenerationConfig(max_new_tokens=8, repetition_penalty=0).validate()
     prompt = "Why is the sky blue?"
     plain = pipe.generate(prompt, max_new_tokens=48, ignore_eos=True)
     varied = pipe.generate(prompt, max_new_tokens=48, ignore_eos=True, repetition_penalty=1.3)

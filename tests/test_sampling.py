@@ -42,13 +42,13 @@ def test_top_k_keeps_exactly_k_tokens():
         ({"temperature": "hot"}, "temperature must be a number"),
         ({"rng_seed": 1.5}, "rng_seed must be an integer"),
         ({"stop_strings": {""}}, "non-empty strings"),
-        ({"stop_strings": {3}}, "non-empty strings"),
+        ({"stop_strings": {3}}, "stop_strings must be strings"),
         ({"stop_strings": 3}, "set of strings"),
     ],
 )
 def test_bad_generation_settings_name_the_setting(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        GenerationConfig(**kwargs)
+        GenerationConfig(**{"max_new_tokens": 8, **kwargs}).validate()
 
 
 def test_numpy_numbers_and_a_single_stop_string_are_accepted():

@@ -1,51 +1,27 @@
-"""``GenerationConfig``: every field of ``openvino_genai.GenerationConfig``, honoured or refused.
+"""``GenerationConfig``: every field of ``openvino_genai.GenerationConfig``, honoured or refused,
+with its methods (``validate``, ``update_generation_config``, ``set_eos_token_id``, the ``is_*``
+predicates) and its constructor from a ``generation_config.json``.
 
 Fields and defaults are genai's (2026.4), with genai's "unset" sentinels as ``None``
 (``eos_token_id`` -1, ``max_new_tokens`` / ``max_length`` / ``no_repeat_ngram_size`` SIZE_MAX)
-and ``top_k`` 0 for "off" (genai's SIZE_MAX and 0 both mean off).  A field we cannot honour
-raises a ``ValueError`` naming it when it leaves its default, so nothing is silently dropped.
+and ``top_k`` 0 for "off" (genai's SIZE_MAX and 0 both mean off).  As in genai, types are
+checked when a config is built and values by :meth:`GenerationConfig.validate`, which every
+``generate`` call runs before any work (:mod:`.config_checks`); a field we cannot honour is
+refused there by name, so nothing is silently dropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import os
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
 from ..errors import UsageError
-from .adapters import adapter_config
-
-SIZE_MAX = 2**64 - 1  # genai's "unset" for its size_t fields
-_UNSET_IS_SIZE_MAX = ("max_new_tokens", "max_length", "no_repeat_ngram_size")
-
-_TREE = "tree search (EAGLE speculative decoding) is not implemented"
-# field -> (its default, why a non-default value is refused)
-_REFUSED: dict[str, tuple[Any, str]] = {
-    "tree_depth": (0, _TREE),
-    "branching_factor": (1, _TREE),
-    "parsers": ([], "output parsers are not supported: run the parser on the result's text"),
-    "return_omni_outputs": (False, "omni (speech) outputs need openvino_genai's omni pipeline"),
-    "pruning_ratio": (0, "CDPruner visual-token pruning is for vision-language pipelines"),
-    "relevance_weight": (0.5, "CDPruner visual-token pruning is for vision-language pipelines"),
-}
+from .config_checks import SIZE_MAX, UNSET_IS_SIZE_MAX, check_values, normalize
+from .config_file import read_generation_config
 
 
-# float fields: numbers, and finite
-_NUMBERS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "length_penalty",
-    "diversity_penalty",
-    "assistant_confidence_threshold",
-)
-
-
-@dataclass
+@dataclass(init=False)
 class GenerationConfig:
     """Per-call generation settings, named and defaulted as ``openvino_genai.GenerationConfig``."""
 
@@ -76,7 +52,7 @@ class GenerationConfig:
     min_p: float = 0.0
     rng_seed: int | None = 0  # None: fresh OS entropy on each call
     structured_output_config: Any = None  # honoured through decode's ``constraint``
-    # refused when not at their defaults (see _REFUSED)
+    # beam search (npuw_kv/generation/beam_search.py)
     num_beams: int = 1
     num_beam_groups: int = 1
     diversity_penalty: float = 0.0
@@ -87,7 +63,7 @@ class GenerationConfig:
     num_assistant_tokens: int | None = None
     max_ngram_size: int = 0
     assistant_confidence_threshold: float = 0.0
-    tree_depth: int = 0
+    tree_depth: int = 0  # this and the last four: refused off their defaults (config_checks)
     branching_factor: int = 1
     adapters: Any = None
     parsers: list[Any] = field(default_factory=list)
@@ -95,118 +71,70 @@ class GenerationConfig:
     pruning_ratio: int = 0
     relevance_weight: float = 0.5
 
-    def __post_init__(self) -> None:
-        for name in ("do_sample", "ignore_eos", "apply_chat_template", "echo"):
-            self._check_bool(name)
-        self._check_bool("include_stop_str_in_output")
-        for name in ("min_new_tokens", "top_k", "logprobs", "num_return_sequences"):
-            self._check_int(name, low=1 if name == "num_return_sequences" else 0)
-        self._check_int("max_ngram_size", low=0)  # assisted generation (speculative.py)
-        self._check_number("assistant_confidence_threshold")
-        if self.num_assistant_tokens is not None:
-            self._check_int("num_assistant_tokens", low=0)
-        if not 0 <= self.assistant_confidence_threshold <= 1:
-            raise UsageError(
-                "assistant_confidence_threshold must be in [0, 1], got "
-                f"{self.assistant_confidence_threshold}"
-            )
-        for name in ("max_new_tokens", "max_length", "no_repeat_ngram_size", "rng_seed"):
-            if getattr(self, name) is not None:
-                self._check_int(name, low=0)
-        if self.eos_token_id is not None:
-            self._check_int("eos_token_id", low=-1)
-            if self.eos_token_id == -1:  # genai's "unset"
-                self.eos_token_id = None
-        for name in _NUMBERS:
-            self._check_number(name)
-        if self.do_sample and self.temperature <= 0:
-            raise UsageError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise UsageError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise UsageError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise UsageError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise UsageError(
-                f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
-                f"({self.max_new_tokens})"
-            )
-        self._check_beams()
-        self.stop_strings = _string_set(self.stop_strings)
-        self.stop_token_ids = _id_set(self.stop_token_ids)
-        if self.eos_token_id is not None:
-            self.stop_token_ids.add(self.eos_token_id)
-        self.stop_criteria = _criteria_name(self.stop_criteria)
-        self.parsers = list(self.parsers or [])  # sets and lists are copies: none shared
-        self.adapters = adapter_config(self.adapters)  # ours; genai's cannot be read
-        for name, (default, why) in _REFUSED.items():
-            value = getattr(self, name)
-            if value != default:
-                raise UsageError(f"{name}={value!r} is not supported: {why}")
+    def __init__(self, json_path: str | os.PathLike[str] | None = None, /, **kwargs: Any) -> None:
+        """Fields by keyword, as genai's; or a ``generation_config.json`` first (genai's
+        ``GenerationConfig(json_path)``), the keywords over what it sets."""
+        values = read_generation_config(json_path) if json_path is not None else {}
+        values.update(kwargs)
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise UsageError(f"unknown generation setting(s) {unknown}; known: {sorted(names)}")
+        for f in fields(self):
+            if f.name in values:
+                value = values[f.name]
+            elif f.default is not MISSING:
+                value = f.default
+            else:
+                value = f.default_factory()  # type: ignore[operator]
+            setattr(self, f.name, value)
+        normalize(self)
 
-    def _check_beams(self) -> None:
-        """Beam search settings, checked as genai's ``validate`` does (npuw_kv/beam_search)."""
-        for name in ("num_beams", "num_beam_groups"):
-            self._check_int(name, low=1)
-        for name in ("diversity_penalty", "length_penalty"):
-            self._check_number(name)
-        beams, groups = self.num_beams, self.num_beam_groups
-        if groups > beams:
-            raise UsageError(f"num_beam_groups ({groups}) must be <= num_beams ({beams})")
-        if self.num_return_sequences > 1 and not self.do_sample and beams == 1:
-            raise UsageError(
-                f"num_return_sequences={self.num_return_sequences} needs do_sample=True "
-                "(independent samples) or num_beams > 1 (beam search)"
-            )
-        if beams == 1:
-            return
-        if self.do_sample:
-            raise UsageError(f"num_beams={beams} (beam search) cannot sample: set do_sample=False")
-        if beams % groups:
-            raise UsageError(f"num_beams ({beams}) must be divisible by num_beam_groups ({groups})")
-        if self.num_return_sequences > beams:
-            raise UsageError(
-                f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams ({beams})"
-            )
-        if (groups > 1) != (self.diversity_penalty != 0):
-            raise UsageError(
-                "diversity_penalty applies between beam groups: set it != 0 with "
-                f"num_beam_groups > 1 and 0 otherwise (got {self.diversity_penalty}, "
-                f"num_beam_groups={groups})"
-            )
-        for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != (1.0 if name == "repetition_penalty" else 0.0):
-                raise UsageError(f"{name} is not supported by beam search (as in genai)")
-        if self.no_repeat_ngram_size == 0:
-            raise UsageError("no_repeat_ngram_size must be positive in beam search")
+    # -- genai's methods ------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise a ``UsageError`` (a ``RuntimeError`` too, as genai's) naming what cannot run;
+        the types of fields set since the config was built are checked too."""
+        normalize(self, merge_eos=False)
+        check_values(self)
 
-    def _check_bool(self, name: str) -> None:
-        if not isinstance(getattr(self, name), (bool, np.bool_)):
-            raise UsageError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        setattr(self, name, bool(getattr(self, name)))
+    def update_generation_config(self, **kwargs: Any) -> None:
+        """Set the named fields (genai's keyword form); an ``eos_token_id`` joins the stop
+        tokens, as in genai."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise UsageError(f"unknown generation setting(s) {unknown}; known: {sorted(known)}")
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        normalize(self, merge_eos="eos_token_id" in kwargs)
 
-    def _check_int(self, name: str, low: int) -> None:
-        value = getattr(self, name)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise UsageError(f"{name} must be an integer, got {value!r}")
-        if value < low:
-            raise UsageError(f"{name} must be >= {low}, got {value}")
-        high = _UINT64_MAX if name in _UNSIGNED else _INT64_MAX  # what genai's C++ fields hold
-        if value > high:
-            raise UsageError(f"{name} must be <= {high}, got {value}")
-        setattr(self, name, int(value))
+    def set_eos_token_id(self, eos_token_id: int) -> None:
+        """The EOS token, also one of ``stop_token_ids``."""
+        self.eos_token_id = eos_token_id
+        normalize(self)
 
-    def _check_number(self, name: str) -> None:
-        value = getattr(self, name)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-            raise UsageError(f"{name} must be a number, got {value!r}")
-        if not np.isfinite(value):  # NaN or inf would sample nonsense (or nothing) silently
-            raise UsageError(f"{name} must be a finite number, got {value!r}")
+    def is_beam_search(self) -> bool:
+        return self.num_beams > 1
 
+    def is_tree_search(self) -> bool:
+        return self.tree_depth > 0
+
+    def is_greedy_decoding(self) -> bool:
+        return not self.do_sample and not self.is_beam_search() and not self.is_tree_search()
+
+    def is_multinomial(self) -> bool:
+        return self.do_sample
+
+    def is_assisting_generation(self) -> bool:
+        return self.assistant_confidence_threshold > 0 or (self.num_assistant_tokens or 0) > 0
+
+    def is_prompt_lookup(self) -> bool:
+        return self.max_ngram_size > 0 and (self.num_assistant_tokens or 0) > 0
+
+    def is_structured_output_generation(self) -> bool:
+        return self.structured_output_config is not None
+
+    # -- ours -----------------------------------------------------------------------------------
     def stop_ids(self) -> set[int]:
         """Tokens that end generation: ``stop_token_ids`` and ``eos_token_id`` (which the
         pipeline may fill in after building the config)."""
@@ -254,7 +182,7 @@ class GenerationConfig:
                 f"got {type(config).__name__}"
             )
         values = {f.name: getattr(config, f.name) for f in fields(cls)}
-        for name in _UNSET_IS_SIZE_MAX:
+        for name in UNSET_IS_SIZE_MAX:
             if values[name] == SIZE_MAX:
                 values[name] = None
         if values["top_k"] == SIZE_MAX:
@@ -268,7 +196,7 @@ class GenerationConfig:
         config = openvino_genai.GenerationConfig()
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in _UNSET_IS_SIZE_MAX or (f.name, value) == ("top_k", 0):
+            if value is None and f.name in UNSET_IS_SIZE_MAX or (f.name, value) == ("top_k", 0):
                 value = SIZE_MAX
             elif f.name == "eos_token_id" and value is None:
                 value = -1
@@ -281,42 +209,3 @@ class GenerationConfig:
             except TypeError as exc:
                 raise UsageError(f"openvino_genai cannot take {f.name}={value!r}") from exc
         return config
-
-
-def _string_set(stops: Any) -> set[str]:
-    stops = {stops} if isinstance(stops, str) else stops
-    try:
-        stops = set(stops)
-    except TypeError:
-        raise UsageError(f"stop_strings must be a set of strings, got {stops!r}") from None
-    if not all(isinstance(stop, str) and stop for stop in stops):
-        raise UsageError(f"stop_strings must be non-empty strings, got {sorted(map(repr, stops))}")
-    return stops
-
-
-_INT64_MAX = 2**63 - 1
-_UINT64_MAX = 2**64 - 1
-_UNSIGNED = ("rng_seed", "max_new_tokens", "max_length", "no_repeat_ngram_size")  # size_t
-
-
-def _id_set(ids: Any) -> set[int]:
-    ids = {ids} if isinstance(ids, (int, np.integer)) else ids
-    try:
-        ids = set(ids)
-    except TypeError:
-        raise UsageError(f"stop_token_ids must be a set of token ids, got {ids!r}") from None
-    bad = [
-        i
-        for i in ids
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i <= _INT64_MAX
-    ]
-    if bad:
-        raise UsageError(f"stop_token_ids must be token ids (integers >= 0), got {bad[0]!r}")
-    return {int(i) for i in ids}
-
-
-def _criteria_name(value: Any) -> str:
-    name = getattr(value, "name", value)  # an openvino_genai.StopCriteria, or its name
-    if not isinstance(name, str) or name.lower() not in ("early", "heuristic", "never"):
-        raise UsageError(f"stop_criteria must be early, heuristic or never, got {value!r}")
-    return name.lower()
