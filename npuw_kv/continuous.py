@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import openvino as ov
 import openvino_genai
 
@@ -58,7 +60,11 @@ def _output(result: GenerationResult) -> GenerationOutput:
 class GenerationHandle:
     """What :meth:`ContinuousBatchingPipeline.add_request` returns: the request's sequences
     (``num_return_sequences`` of them), read as they grow.  A sequence that failed (a
-    sampling setting the logits could not take) raises its error from the reads."""
+    sampling setting the logits could not take) raises its error from the reads.
+
+    Any thread may read it while another steps the pipeline: its sequences change under a lock
+    of its own, which is never held while waiting for the batch (the stepping thread takes
+    it to hand over each token)."""
 
     def __init__(self, request_id: int, end: Callable[[GenerationHandle, Any], None]) -> None:
         """``end(handle, status)``: stop or cancel the request in its pipeline."""
@@ -67,17 +73,26 @@ class GenerationHandle:
         self.sequences: list[_Sequence] = []
         self.status = Status.RUNNING
         self.ticket = Ticket(on_token=self._on_token)
+        self.lock = threading.RLock()
 
     def _on_token(self, engine_handle: int, token: int) -> None:
-        for seq in self.sequences:
-            if seq.engine_handle == engine_handle:
-                seq.output.generated_ids.append(token)
+        with self.lock:
+            for seq in self.sequences:
+                if seq.engine_handle == engine_handle:
+                    seq.output.generated_ids.append(token)
 
     def _sync(self) -> None:
         """Take the outcomes of the sequences that finished in the steps since (a beam
         search's several results become as many sequences)."""
+        with self.lock:
+            failed = self._take_outcomes()
+        if failed is not None:
+            self._end(self, Status.IGNORED)
+            raise failed
+
+    def _take_outcomes(self) -> BaseException | None:
         if self.status != Status.RUNNING:
-            return
+            return None
         seqs: list[_Sequence] = []
         for seq in self.sequences:
             outcome = self.ticket.outcomes.get(seq.engine_handle)
@@ -85,13 +100,13 @@ class GenerationHandle:
                 seqs.append(seq)
                 continue
             if isinstance(outcome, BaseException):
-                self._end(self, Status.IGNORED)
-                raise outcome
+                return outcome
             for result in outcome if isinstance(outcome, list) else [outcome]:
                 seqs.append(_Sequence(seq.engine_handle, _output(result), result, seq.read_upto))
         self.sequences = seqs
         if all(s.result is not None for s in self.sequences):
             self.status = Status.FINISHED
+        return None
 
     def get_status(self) -> Any:
         self._sync()
@@ -100,24 +115,29 @@ class GenerationHandle:
     def can_read(self) -> bool:
         """True when some sequence has tokens not read yet."""
         self._sync()
-        return any(len(s.output.generated_ids) > s.read_upto for s in self.sequences)
+        with self.lock:
+            return any(len(s.output.generated_ids) > s.read_upto for s in self.sequences)
 
     def read(self) -> dict[int, GenerationOutput]:
         """Each sequence's tokens since the last read, by sequence index."""
         self._sync()
         out = {}
-        for i, seq in enumerate(self.sequences):
-            new = seq.output.generated_ids[seq.read_upto :]
-            if new:
-                logprobs = seq.output.generated_log_probs[seq.read_upto :]
-                out[i] = GenerationOutput(new, logprobs, seq.output.score, seq.output.finish_reason)
-                seq.read_upto = len(seq.output.generated_ids)
+        with self.lock:
+            for i, seq in enumerate(self.sequences):
+                new = seq.output.generated_ids[seq.read_upto :]
+                if new:
+                    logprobs = seq.output.generated_log_probs[seq.read_upto :]
+                    out[i] = GenerationOutput(
+                        new, logprobs, seq.output.score, seq.output.finish_reason
+                    )
+                    seq.read_upto = len(seq.output.generated_ids)
         return out
 
     def read_all(self) -> list[GenerationOutput]:
         """Every sequence's whole output (complete once the status is not RUNNING)."""
         self._sync()
-        return [s.output for s in self.sequences]
+        with self.lock:
+            return [s.output for s in self.sequences]
 
     def stop(self) -> None:
         """End the request now, keeping what it generated (status STOP)."""
@@ -196,6 +216,8 @@ class ContinuousBatchingPipeline:
     def add_request(self, request_id: int, prompt: Any, generation_config: Any) -> GenerationHandle:
         """Queue a request: ``prompt`` as text (through the chat template when the config's
         ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, np.integer)):
+            raise UsageError(f"request_id must be an integer, got {request_id!r}")
         if not isinstance(prompt, (str, ov.Tensor)):
             raise UsageError(f"prompt must be a str or an ov.Tensor of token ids, got {prompt!r}")
         shape = list(prompt.get_shape()) if isinstance(prompt, ov.Tensor) else []
@@ -239,10 +261,11 @@ class ContinuousBatchingPipeline:
         if handle.status != Status.RUNNING:
             return
         self.batch.drop([s.engine_handle for s in handle.sequences if s.result is None])
-        if status == Status.CANCEL:
-            for seq in handle.sequences:
-                seq.output = GenerationOutput()
-        handle.status = status
+        with handle.lock:
+            if status == Status.CANCEL:
+                for seq in handle.sequences:
+                    seq.output = GenerationOutput()
+            handle.status = status
 
     def generate(
         self, prompts: Sequence[Any], generation_config: Any, streamer: Any = None

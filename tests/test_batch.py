@@ -409,3 +409,50 @@ def test_every_entry_point_refuses_a_bad_input_with_one_message(
     assert len({m.group(0) for m in core.values() if m}) == 1, messages
     assert not cb_pipe.has_non_finished_requests()  # nothing was queued
     assert pipe.generate("hi", max_new_tokens=2, ignore_eos=True) is not None
+
+
+def test_a_handle_read_from_another_thread_loses_no_token(cb_pipe, text_ids):
+    """One thread steps, another reads the same handle: the last token and the finish reason
+    survive the two threads taking the outcomes at once."""
+    import threading
+
+    import openvino as ov
+    import openvino_genai
+
+    config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    ids = ov.Tensor(np.asarray(text_ids(20), np.int64)[None])
+    for request in range(6):
+        handle = cb_pipe.add_request(500 + request, ids, config)
+        seen: list[int] = []
+
+        def reader(handle=handle, seen=seen) -> None:
+            while handle.get_status() == openvino_genai.GenerationStatus.RUNNING:
+                for output in handle.read().values():
+                    seen.extend(output.generated_ids)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        while handle.get_status() == openvino_genai.GenerationStatus.RUNNING:
+            cb_pipe.step()
+        thread.join(timeout=60)
+        for output in handle.read().values():
+            seen.extend(output.generated_ids)
+        (whole,) = handle.read_all()
+        assert len(whole.generated_ids) == 24 and seen == whole.generated_ids
+        assert whole.finish_reason == openvino_genai.GenerationFinishReason.LENGTH
+
+
+@pytest.mark.parametrize("request_id", ["abc", "5", 2.5, True])
+def test_a_request_id_that_is_not_an_integer_is_named(cb_pipe, request_id):
+    with pytest.raises(ValueError, match="request_id must be an integer"):
+        cb_pipe.add_request(request_id, "hi", GenerationConfig(max_new_tokens=2))
+    assert not cb_pipe.has_non_finished_requests()
+
+
+def test_a_streamer_raising_stop_iteration_is_named(f32_pipe):
+    def streamer(text: str) -> None:
+        raise StopIteration
+
+    with pytest.raises(ValueError, match="the streamer raised StopIteration: to end generation"):
+        f32_pipe.generate("hi", max_new_tokens=4, ignore_eos=True, streamer=streamer)
+    assert len(f32_pipe.generate("hi", max_new_tokens=2, ignore_eos=True).tokens) == 2

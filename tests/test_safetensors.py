@@ -73,6 +73,12 @@ def test_only_regular_files_are_opened(tmp_path):
         read_safetensors(tmp_path)
     with pytest.raises(ValueError, match="cannot be read"):
         read_safetensors(tmp_path / "missing.safetensors")
+    # genai's Adapter raises RuntimeError: code written for it catches these too
+    with pytest.raises(RuntimeError, match="cannot be read"):
+        read_safetensors(tmp_path / "missing.safetensors")
+    with pytest.raises(RuntimeError, match="not a safetensors file"):
+        (tmp_path / "short.safetensors").write_bytes(b"abc")
+        read_safetensors(tmp_path / "short.safetensors")
 
 
 @pytest.mark.unit

@@ -69,7 +69,7 @@ class TextSink:
         self.sent: list[str] = []
 
     def __call__(self, text: str) -> Any:
-        status = self.callback(text)
+        status = _called(self.callback, text)
         self.sent.append(text)
         return streamer_status(status)
 
@@ -94,8 +94,20 @@ def _write(streamer: Any, token: int) -> Any:
     if isinstance(streamer, openvino_genai.TextParserStreamer):
         # its Python ``write`` takes the parsed message: tokens go in through ``_write``, which
         # decodes them and runs its parsers first (what genai's pipeline calls)
-        return streamer_status(streamer._write([token]))
-    return streamer_status(streamer.write(token))
+        return streamer_status(_called(streamer._write, [token]))
+    return streamer_status(_called(streamer.write, token))
+
+
+def _called(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` of a streamer: its StopIteration would end the token loop's generator
+    as Python's "generator raised StopIteration", so it is named as the streamer's instead."""
+    try:
+        return call(*args)
+    except StopIteration:
+        raise UsageError(
+            "the streamer raised StopIteration: to end generation, return "
+            "openvino_genai.StreamingStatus.STOP (or True)"
+        ) from None
 
 
 # what a streamer may return to end generation early (``CANCEL`` also drops the chat turn;
@@ -155,7 +167,7 @@ class TokenOutput:
         if self.halted is None and self._stream(tokens, kept) == "cancelled":
             finish = "cancelled"
         if self.streamer is not None and finish != "cancelled":
-            self.streamer.end()  # flush held-back text; a cancelled run wants no more calls
+            _called(self.streamer.end)  # flush held-back text; a cancelled run wants no more
             if self.sink is not None and self.halted is None:  # a stopped streamer: no more
                 self.sink.finish(text)  # a token's text before a stop string inside it
         return finish

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UsageError
 from ..kv.memory import ensure_fits
 
 _FLOATS = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
@@ -22,24 +23,25 @@ HEADER_LIMIT = 100 * 2**20  # the format's own bound on the JSON header
 
 
 def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
-    """Every tensor of the file as float32, by name; ``ValueError`` naming the file and what
+    """Every tensor of the file as float32, by name; ``UsageError`` (a ``ValueError`` and a
+    ``RuntimeError``, as genai's ``Adapter`` raises) naming the file and what
     is wrong when it is missing, damaged or holds a non-float tensor."""
     where = Path(path)
     try:
         info = where.stat()
         if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read, /dev/zero never end
-            raise ValueError(f"LoRA adapter {str(where)!r} is not a regular file")
+            raise UsageError(f"LoRA adapter {str(where)!r} is not a regular file")
         ensure_fits(info.st_size, f"LoRA adapter {str(where)!r}")
         data = where.read_bytes()
     except OSError as exc:
-        raise ValueError(f"LoRA adapter {str(where)!r} cannot be read: {exc.strerror}") from exc
+        raise UsageError(f"LoRA adapter {str(where)!r} cannot be read: {exc.strerror}") from exc
     except MemoryError as exc:
-        raise ValueError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     if len(data) < 8:
-        raise ValueError(f"LoRA adapter {str(where)!r} is not a safetensors file (too short)")
+        raise UsageError(f"LoRA adapter {str(where)!r} is not a safetensors file (too short)")
     size = int.from_bytes(data[:8], "little")
     if size > min(HEADER_LIMIT, len(data) - 8):
-        raise ValueError(
+        raise UsageError(
             f"LoRA adapter {str(where)!r} is not a safetensors file (a header of {size} bytes "
             f"in a file of {len(data)})"
         )
@@ -48,7 +50,7 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
     except ValueError as exc:
-        raise ValueError(f"LoRA adapter {str(where)!r} is not a safetensors file ({exc})") from exc
+        raise UsageError(f"LoRA adapter {str(where)!r} is not a safetensors file ({exc})") from exc
     body = memoryview(data)[8 + size :]
     out: dict[str, np.ndarray] = {}
     for name, info in header.items():
@@ -59,8 +61,8 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def _tensor(where: Path, name: str, info: object, body: memoryview) -> np.ndarray:
-    def bad(why: str) -> ValueError:
-        return ValueError(f"LoRA adapter {str(where)!r}: tensor {name!r} {why}")
+    def bad(why: str) -> UsageError:
+        return UsageError(f"LoRA adapter {str(where)!r}: tensor {name!r} {why}")
 
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise bad("has no dtype, shape and data_offsets in the header")
