@@ -393,3 +393,34 @@ def test_bench_concurrency_runs_both_pipelines_on_the_same_batch(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--concurrency", "0"])
     assert "--concurrency takes counts >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["generate", "--chunk", "16", "-p", "prefill_chunk_size=32", "hi"],
+         "-p prefill_chunk_size=32 and --chunk 16 set prefill_chunk_size twice"),
+        (["generate", "--max-prompt-len", "128", "-p", "NPUW_LLM_MAX_PROMPT_LEN=32", "hi"],
+         "and --max-prompt-len 128 set max_prompt_len twice"),
+        (["serve", "--api-key", ""], "--api-key is empty"),
+    ],
+)  # fmt: skip
+def test_conflicting_or_empty_settings_exit_2_before_loading(capsys, monkeypatch, argv, said):
+    """Neither of two values for one setting wins silently; an empty key does not serve
+    openly.  The model is never loaded (the loader refuses)."""
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("npuw_kv.pipeline.LLMPipeline.__init__", no_model)
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_a_port_beyond_65535_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--port", "99999"])
+    assert info.value.code == 2
+    assert "must be at most 65535, got 99999" in capsys.readouterr().err

@@ -280,13 +280,31 @@ def test_api_key_queue_limit_and_sigterm():
         )
         assert busy.status_code == 429 and busy.headers["Retry-After"]
         assert busy.json()["error"]["type"] == "rate_limit_error"
-        # a stop signal while the stream runs: it is cancelled after the grace, exit code 0
+        # a client gone half-way through its body: no traceback in the server's log
+        _send_half_a_request(proc.root)
+        # a stop signal while the stream runs: it is cancelled after the grace and ends whole
+        # (its finish reason, then [DONE]), exit code 0
         code = proc.stop(signal.SIGTERM)
-        long.close()
+        rest = list(long)
+        assert rest and rest[-1].choices[0].finish_reason == "stop"
         assert code == 0, proc.stderr()
+        assert "Traceback" not in proc.stderr() and "Exception" not in proc.stderr()
     finally:
         if proc.proc.poll() is None:
             proc.stop(signal.SIGKILL)
+
+
+def _send_half_a_request(root: str) -> None:
+    """Headers promising 100 bytes of body, 10 of them, then the connection closed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(root)
+    with socket.create_connection((where.hostname, where.port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model": '
+        )
 
 
 def test_ctrl_c_stops_the_server_with_exit_code_0():

@@ -179,3 +179,23 @@ def test_any_json_gives_a_job_or_an_api_error(fields, as_chat):
     for value in job.config.values():
         if isinstance(value, float):
             assert value == value and abs(value) != float("inf")
+
+
+def test_several_choices_without_a_temperature_sample_as_openai():
+    job = chat(n=2)
+    assert job.config["do_sample"] is True and job.config["temperature"] == 1.0
+    assert "do_sample" not in chat().config  # one choice: the model's own config (greedy)
+
+
+@pytest.mark.parametrize(
+    ("parse", "fields", "param"),
+    [
+        (chat_job, {"messages": USER, "max_tokens": 2**64}, "max_tokens"),
+        (chat_job, {"messages": USER, "max_completion_tokens": 2**64}, "max_completion_tokens"),
+        (completion_job, {"prompt": ["hi", ""]}, "prompt[1]"),
+        (completion_job, {"prompt": ""}, "prompt"),
+    ],
+)
+def test_a_value_the_library_would_refuse_is_refused_with_its_param(parse, fields, param):
+    error = refused(parse, {"model": "smollm2", **fields})
+    assert error.status == 400 and error.param == param, error.message

@@ -150,9 +150,28 @@ def pipeline_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             kwargs[key] = getattr(args, name)
     if args.exact:
         kwargs.update(EXACT_F32)
+    flags = {key: value for key, value in kwargs.items() if key not in EXACT_F32}
     for item in args.prop:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--prop expects KEY=VALUE, got {item!r}")
+        _check_not_flagged(key, value, flags)
         kwargs[key] = value
     return kwargs
+
+
+# the flags above that set a pipeline setting of another name
+_FLAG_OF = {"prefill_chunk_size": "chunk", "attention_backend": "attention"}
+
+
+def _check_not_flagged(key: str, value: str, flags: dict[str, Any]) -> None:
+    """A ``-p`` setting that a dedicated flag also set, to another value, is refused (the
+    library refuses one setting given twice the same way): neither silently wins."""
+    from ..config.pipeline_config import PipelineConfig
+
+    name = PipelineConfig.setting_name(key)
+    if name in flags and str(flags[name]) != value:
+        flag = "--" + _FLAG_OF.get(name, name).replace("_", "-")
+        raise ValueError(
+            f"-p {key}={value} and {flag} {flags[name]} set {name} twice: give one of them"
+        )

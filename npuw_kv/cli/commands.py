@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
+from ..errors import UsageError
 from ..tools.bench_worker import RUNTIMES
 from . import terminal as cli_io
 from .args import model_args, pipeline_kwargs, sampling_kwargs, text_args, zero_points_arg
@@ -54,6 +55,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return chat_session(_load(args), args)
 
 
+def _api_key(given: str | None) -> str | None:
+    """``--api-key``, else ``$NPUW_KV_API_KEY``, else none; an empty one given on the command
+    line is refused (``--api-key "$KEY"`` with KEY unset would serve without a key)."""
+    if given is not None and not given.strip():
+        raise UsageError("--api-key is empty (is the variable it came from unset?)")
+    return given or os.environ.get("NPUW_KV_API_KEY") or None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from ..serve.server import serve
@@ -63,6 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "pip install 'npuw-kv[serve]'"
         )
         return 2
+    api_key = _api_key(args.api_key)  # before the model loads
     pipe = _load(args)
     live = int(pipe.kv_stats()["max_live_sequences"])
     model_id = args.served_model_name or _model_id(args.model_source)
@@ -73,7 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         live=live,
         queue=args.queue,
-        api_key=args.api_key or os.environ.get("NPUW_KV_API_KEY") or None,
+        api_key=api_key,
         grace_s=args.grace,
         access_log=args.access_log,
     )
@@ -106,8 +116,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
-def _at_least(low: int, why: str = "") -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``."""
+def _at_least(low: int, why: str = "", high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (and <= ``high``, when given)."""
 
     def parse(text: str) -> int:
         try:
@@ -116,6 +126,8 @@ def _at_least(low: int, why: str = "") -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}{why}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
         return value
 
     return parse
@@ -248,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     srv.add_argument(
-        "--port", type=_at_least(0), default=8000, help="port (default 8000; 0: any free one)"
+        "--port",
+        type=_at_least(0, high=65535),
+        default=8000,
+        help="port (default 8000; 0: any free one)",
     )
     srv.add_argument(
         "--api-key",

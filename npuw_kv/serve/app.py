@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -78,7 +78,11 @@ def make_app(pipe: Any, model_id: str, live: int, queue: int, api_key: str | Non
         return JSONResponse({"object": "list", "data": [model]})
 
     async def answer(request: Request, parse: Callable[[dict[str, Any], tuple[str, ...]], Job]):
-        job = parse(read_body(await request.body()), models)
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # gone before its body was whole: nobody reads an answer
+            return Response(status_code=499)
+        job = parse(read_body(raw), models)
         reply = Reply(job, tokenizer)
         admission = worker.admit()
         handed = False

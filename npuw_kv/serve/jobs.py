@@ -181,10 +181,14 @@ class Worker:
             self._turns = asyncio.Semaphore(self.live)
         return Admission(self, self._turns)
 
-    def stop(self) -> None:
-        """Cancel every running request and wait for the worker threads."""
+    def cancel_all(self) -> None:
+        """End every running request at its next token: each answers with what it has."""
         for run in list(self.running):
             run.cancel()
+
+    def stop(self) -> None:
+        """Cancel every running request and wait for the worker threads."""
+        self.cancel_all()
         self.executor.shutdown(wait=True)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_CHOICES = 16  # ``n``: more answers per request than this is refused
+MAX_TOKENS = 2**63 - 1  # what a generation config's max_new_tokens holds
 MAX_STOPS = 4  # as OpenAI
 MAX_TOP_LOGPROBS = 20  # chat's ``top_logprobs``, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # completions' ``logprobs``, as OpenAI
@@ -116,7 +117,7 @@ def chat_job(body: dict[str, Any], models: tuple[str, ...]) -> Job:
     _check_fields(body, _CHAT)
     job = Job(True, _messages(body.get("messages")), 1)
     _common(job, body, models)
-    max_tokens = _opt_int(body, "max_completion_tokens", 1)
+    max_tokens = _opt_int(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is not None:
         job.config["max_new_tokens"] = max_tokens
     top = _opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
@@ -142,6 +143,11 @@ def completion_job(body: dict[str, Any], models: tuple[str, ...]) -> Job:
         raise bad("prompt", "prompt must be a string or a non-empty list of strings")
     if job.prompts > MAX_CHOICES:
         raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {job.prompts}")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    empty = [i for i, text in enumerate(prompts) if not text]
+    if empty:  # a completion continues text: an empty one has nothing to continue
+        where = "prompt" if isinstance(prompt, str) else f"prompt[{empty[0]}]"
+        raise bad(where, f"{where} is empty: give the text to continue")
     _common(job, body, models)
     job.config["apply_chat_template"] = False
     top = _opt_int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
@@ -196,11 +202,12 @@ def _common(job: Job, body: dict[str, Any], models: tuple[str, ...]) -> None:
         job.include_usage = bool(_opt_bool(options, "include_usage", "stream_options."))
     job.n = _opt_int(body, "n", 1, MAX_CHOICES) or 1
     cfg["num_return_sequences"] = job.n
-    max_tokens = _opt_int(body, "max_tokens", 1)
+    max_tokens = _opt_int(body, "max_tokens", 1, MAX_TOKENS)
     if max_tokens is not None:
         cfg["max_new_tokens"] = max_tokens
     temperature = _opt_float(body, "temperature", 0.0, 2.0)
-    if temperature is None and any(body.get(k) is not None for k in _SAMPLING):
+    samples = job.n > 1 or any(body.get(k) is not None for k in _SAMPLING)
+    if temperature is None and samples:
         temperature = 1.0  # OpenAI's default temperature, when the request samples
     if temperature is not None:
         cfg["do_sample"] = temperature > 0

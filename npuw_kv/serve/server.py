@@ -2,12 +2,13 @@
 stopped by Ctrl-C or SIGTERM with exit code 0.
 
 On a stop signal the server takes no new connections, lets running requests finish for up to
-``grace_s`` seconds, then cancels what remains (each answer ends at its next token) and waits
-for the worker threads.  A second Ctrl-C stops at once.
+``grace_s`` seconds, then cancels what remains (each answer ends at its next token and goes out
+whole, finish reason "stop") and waits for the worker threads.  A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sys
@@ -18,6 +19,9 @@ from typing import Any
 import uvicorn
 
 from .app import make_app
+from .jobs import Worker
+
+CANCEL_S = 10  # for a cancelled request to answer: its step ends, then its reply goes out
 
 
 class _Server(uvicorn.Server):
@@ -26,13 +30,22 @@ class _Server(uvicorn.Server):
     listens."""
 
     url = ""
+    grace_s = 10.0
+    worker: Worker | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
+        elif not self.should_exit and self.loop is not None and self.worker is not None:
+            # at the end of the grace the running requests are cancelled: each answers, whole,
+            # with what it has (uvicorn's own deadline, later, would cut them off with errors)
+            self.loop.call_soon_threadsafe(self.loop.call_later, self.grace_s,
+                                           self.worker.cancel_all)  # fmt: skip
         self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started:
             print(f"npuw-kv serve: listening on {self.url} (Ctrl-C stops)", flush=True)
@@ -68,10 +81,13 @@ def serve(
         app,
         log_level="info" if access_log else "warning",
         access_log=access_log,
-        timeout_graceful_shutdown=max(1, round(grace_s)),
+        # the requests still running are cancelled at grace_s (handle_exit); this deadline,
+        # later, only ends what a cancel could not (uvicorn counts whole seconds)
+        timeout_graceful_shutdown=max(1, round(grace_s)) + CANCEL_S,
         lifespan="on",
     )
     server = _Server(config)
+    server.grace_s, server.worker = grace_s, app.state.worker
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     server.url = f"http://{shown}:{bound}/v1"
     server.run(sockets=[sock])
