@@ -323,12 +323,15 @@ def test_inspect_model_given_twice_is_an_error(capsys, monkeypatch):
     assert seen == ["/nope", "/nope", "/nope", None]
 
 
-def test_generate_without_new_tokens_reports_no_rate(capsys):
-    """``-n 0`` generates nothing: the stats line gives the count and TTFT, no ms/token."""
-    assert main(["generate", "-n", "0", "--no-chat-template", "hi"]) == 0
+def test_generate_of_one_token_reports_no_rate(capsys):
+    """``-n 1``: no decode step, so the stats line gives the count and TTFT, no ms/token;
+    ``-n 0`` is refused, as genai's GenerationConfig refuses it (exit 2, no traceback)."""
+    assert main(["generate", "-n", "1", "--no-chat-template", "hi"]) == 0
     err = capsys.readouterr().err
-    assert re.search(r"\[0 tokens, finish=\w+, TTFT \d+ ms\]", err), err
+    assert re.search(r"\[1 tokens, finish=\w+, TTFT \d+ ms\]", err), err
     assert "ms/token" not in err
+    assert main(["generate", "-n", "0", "--no-chat-template", "hi"]) == 2
+    assert "max_new_tokens must be > 0 (0 only with echo=True)" in capsys.readouterr().err
 
 
 def test_bench_prefix_reuse_override_reaches_the_worker():
