@@ -27,6 +27,15 @@ class Interrupting:
             raise KeyboardInterrupt
 
 
+def _run_at_once(call, count: int) -> None:
+    """``call(i)`` for each i in its own thread; back once all have ended."""
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+
+
 def _alone(pipe, ids, new: int) -> list[int]:
     return list(pipe.generate(ids, max_new_tokens=new, ignore_eos=True).tokens)
 
@@ -89,11 +98,7 @@ def test_an_interrupt_in_one_thread_leaves_the_other_calls_their_tokens(smol_dir
             ended.set()
             raised[i] = exc
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    _run_at_once(call, 4)
     assert list(raised) == [1] and isinstance(raised[1], KeyboardInterrupt)
     assert {i: got[i] for i in (0, 2, 3)} == {i: want[i] for i in (0, 2, 3)}
     assert not late
@@ -139,11 +144,7 @@ def test_ctrl_c_in_the_model_call_ends_only_the_stepping_threads_call(
         except BaseException as exc:  # noqa: BLE001 - the test records where it came out
             raised[i] = exc
 
-    workers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join(timeout=300)
+    _run_at_once(call, 4)
     assert interrupt.thread is not None
     (stepper,) = [i for i, thread in threads.items() if thread is interrupt.thread]
     assert list(raised) == [stepper] and isinstance(raised[stepper], KeyboardInterrupt)
