@@ -6,15 +6,25 @@ A developer fetches genai's tests (not copied here), then::
     git clone --depth 1 https://github.com/openvinotoolkit/openvino.genai /tmp/genai
     python compat/genai_suite.py --suite /tmp/genai/tests/python_tests --work /tmp/genai-work
 
-which runs the selection below twice, with ``openvino_genai.LLMPipeline`` as it is and swapped
-for ``npuw_kv.LLMPipeline``, and prints both pass counts and every test that passes with genai
-but not with npuw-kv.  This file is also the pytest plugin of those runs (``-p genai_suite``):
+which runs the selection below with openvino-genai as it is, then under two swaps, and prints
+each swap's pass count beside genai's and every test that passes with genai only:
 
-* ``NPUW_KV_SUITE_PIPELINE=npuw-kv`` swaps the pipeline class before any test module imports it;
+* the class swap (``--swap class``): ``openvino_genai.LLMPipeline`` and
+  ``ContinuousBatchingPipeline`` replaced by npuw-kv's before any test module imports them;
+  everything else (``GenerationConfig``, results, tokenizer ...) stays genai's;
+* the module swap (``--swap module``): a copy of the test tree under ``--work`` whose every
+  ``openvino_genai`` import names ``npuw_kv`` (``compat/module_swap.py``), as a user's one-line
+  change would: every name the tests use comes from ``npuw_kv``.
+
+``--all`` adds ``test_sampling.py`` and ``test_continuous_batching.py`` (slow: ~11 minutes a
+side for the first).  This file is also the pytest plugin of those runs (``-p genai_suite``):
+
+* ``NPUW_KV_SUITE_PIPELINE`` says which run: ``npuw-kv`` (the class swap, made here),
+  ``npuw-kv-module`` (the tree is already rewritten) or unset (genai);
 * every model fixture (``utils.hugging_face.download_and_convert_model[_class]``) returns the
   local SmolLM2 IR, with optimum's ``OVModelForCausalLM`` on the same IR as the Hugging Face
   reference and SmolLM2's tokenizer rebuilt from its GGUF (no hub access);
-* the KV cache is f32 for both pipelines (``--kv f16`` keeps the suite's f16: genai's own paged
+* the KV cache is f32 for every run (``--kv f16`` keeps the suite's f16: genai's own paged
   and SDPA paths then part on this Q4_1 model within 20 tokens; ``--kv exact`` also turns the
   CPU plugin's dynamic quantization of activations off);
 * tests that cannot apply to SmolLM2 are skipped with a reason starting ``N/A:``.
@@ -31,8 +41,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from module_swap import swapped_tree
+
 HERE = Path(__file__).resolve().parent
 SELECTION = (
+    "test_generation_config.py",
     "test_llm_pipeline.py",
     "test_structured_output.py",
     "test_parsers.py::test_custom_parser",
@@ -40,6 +53,8 @@ SELECTION = (
     "test_parsers.py::test_generate_stop_reason_tool_call_from_incremental_parser",
     "test_parsers.py::test_batched_generate_returns_finish_reason_for_each_sequence",
 )
+SLOW_FILES = ("test_sampling.py", "test_continuous_batching.py")  # --all
+SWAPPED = ("LLMPipeline", "ContinuousBatchingPipeline")  # by the class swap
 PIPELINE, IR_DIR, HF_DIR, KV, DEVICE = (
     "NPUW_KV_SUITE_PIPELINE",
     "NPUW_KV_SUITE_IR",
@@ -63,12 +78,16 @@ def pytest_configure(config: Any) -> None:
     """Swap the pipeline and point the suite's model fixtures at the local model."""
     import openvino_genai
 
-    if os.environ.get(PIPELINE) == "npuw-kv":
+    swap = os.environ.get(PIPELINE, "")
+    if swap.startswith("npuw-kv"):
         import npuw_kv
 
-        openvino_genai.LLMPipeline = npuw_kv.LLMPipeline
-        if os.environ.get(DEVICE, "CPU") != "CPU":  # the suite's "CPU" pipelines elsewhere
-            openvino_genai.LLMPipeline = _on_device(npuw_kv.LLMPipeline, os.environ[DEVICE])
+        # the class swap puts ours into genai's module; the module swap's tests import npuw_kv
+        into = openvino_genai if swap == "npuw-kv" else npuw_kv
+        device = os.environ.get(DEVICE, "CPU")
+        for name in SWAPPED:
+            ours = getattr(npuw_kv, name)  # the suite's "CPU" pipelines run elsewhere
+            setattr(into, name, ours if device == "CPU" else _on_device(ours, device))
     suite = Path(str(config.rootpath))
     if str(suite) not in sys.path:
         sys.path.insert(0, str(suite))
@@ -140,15 +159,12 @@ def _on_device(pipeline: type, device: str) -> type:
 def not_applicable(name: str, module: str, params: dict[str, Any]) -> str | None:
     """Why a test of the selection cannot apply to SmolLM2 (None: it applies)."""
     model = str(params.get("llm_model", params.get("ov_pipe", params.get("model_id", ""))))
-    kind = getattr(params.get("pipeline_type"), "name", "")
     if any(family in model for family in LINEAR_ATTENTION):
         return "linear-attention model family"
     if name in NOT_APPLICABLE:
         return NOT_APPLICABLE[name]
     if name.startswith("test_unicode_pybind_decoding"):
         return "expects tiny-random-PhiForCausalLM to emit an unfinished UTF-8 character"
-    if kind == "CONTINUOUS_BATCHING":
-        return "ContinuousBatchingPipeline, not LLMPipeline"
     if module.endswith("test_structured_output") and model == PHI3:
         return "the same test as the TinyLlama case once both models are SmolLM2"
     return None
@@ -199,11 +215,17 @@ def model_dirs(work: Path) -> tuple[Path, Path]:
     return ir, hf
 
 
-def run(
-    suite: Path, work: Path, pipeline: str, kv: str, extra: list[str], device: str = "CPU"
-) -> Path:
-    """One run of the selection; its JUnit XML."""
+RUNS = {  # run name -> NPUW_KV_SUITE_PIPELINE
+    "openvino-genai": "openvino-genai",
+    "class swap": "npuw-kv",
+    "module swap": "npuw-kv-module",
+}
+
+
+def run(name: str, tree: Path, work: Path, *, kv: str, files: list[str], device: str) -> Path:
+    """One run of ``files`` in the test tree ``tree``; its JUnit XML."""
     ir, hf = model_dirs(work)
+    pipeline = RUNS[name]
     xml = work / f"{pipeline}-{device}-kv{kv}.xml"
     env = {
         **os.environ,
@@ -217,9 +239,9 @@ def run(
         "TRANSFORMERS_OFFLINE": "1",
     }
     command = [sys.executable, "-m", "pytest", "-p", "genai_suite", "-p", "no:cacheprovider"]
-    command += ["-m", "", "-q", f"--junitxml={xml}", *SELECTION, *extra]
-    print(f"running genai's tests with {pipeline} ...", flush=True)
-    subprocess.run(command, cwd=suite, env=env, check=False)
+    command += ["-m", "", "-q", f"--junitxml={xml}", *files]
+    print(f"running genai's tests: {name} ...", flush=True)
+    subprocess.run(command, cwd=tree, env=env, check=False)
     return xml
 
 
@@ -237,7 +259,9 @@ def outcomes(xml: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-def compare(genai: dict[str, tuple[str, str]], ours: dict[str, tuple[str, str]]) -> str:
+def compare(
+    genai: dict[str, tuple[str, str]], ours: dict[str, tuple[str, str]], swap: str = "class swap"
+) -> str:
     """Both pass counts over the applicable tests, and what passes with genai only."""
     na = {k for k, (state, message) in genai.items() if message.startswith("N/A:")}
     applicable = [k for k in genai if k not in na]
@@ -248,8 +272,8 @@ def compare(genai: dict[str, tuple[str, str]], ours: dict[str, tuple[str, str]])
     lines = [
         f"{len(genai)} collected, {len(na)} not applicable, {len(applicable)} applicable",
         f"openvino-genai passes {passed(genai)}/{len(applicable)}, "
-        f"npuw-kv {passed(ours)}/{len(applicable)}",
-        "passing with openvino-genai, not with npuw-kv:",
+        f"npuw-kv {passed(ours)}/{len(applicable)} ({swap})",
+        f"passing with openvino-genai, not with npuw-kv ({swap}):",
     ]
     for key in applicable:
         if genai[key][0] == "passed" and ours.get(key, ("missing", ""))[0] != "passed":
@@ -270,18 +294,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--device", default="CPU", help="npuw-kv's device (NPU: the static path's tests)"
     )
+    parser.add_argument(
+        "--swap",
+        choices=("class", "module", "both"),
+        default="both",
+        help="how genai's tests get npuw-kv: its pipeline classes, or every import",
+    )
+    parser.add_argument("--all", action="store_true", help=f"add {', '.join(SLOW_FILES)}")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
-    if not (args.suite / "test_llm_pipeline.py").exists():
-        raise SystemExit(f"{args.suite} is not openvino.genai's tests/python_tests folder")
-    args.work.mkdir(parents=True, exist_ok=True)
-    results = {
-        name: outcomes(
-            run(args.suite.resolve(), args.work.resolve(), name, args.kv, args.pytest_args)
-        )
-        for name in ("openvino-genai", "npuw-kv")
-    }
-    print(compare(results["openvino-genai"], results["npuw-kv"]))
+    suite, work = args.suite.resolve(), args.work.resolve()
+    if not (suite / "test_llm_pipeline.py").exists():
+        raise SystemExit(f"{suite} is not openvino.genai's tests/python_tests folder")
+    work.mkdir(parents=True, exist_ok=True)
+    files = [*SELECTION, *(SLOW_FILES if args.all else ()), *args.pytest_args]
+    swaps = ["class swap", "module swap"] if args.swap == "both" else [f"{args.swap} swap"]
+    genai = outcomes(run("openvino-genai", suite, work, kv=args.kv, files=files, device="CPU"))
+    for swap in swaps:
+        tree = suite
+        if swap == "module swap":
+            tree = work / "module-swap-tests"
+            count = swapped_tree(suite, tree)
+            print(f"{tree}: {count} openvino_genai imports now name npuw_kv", flush=True)
+        ours = run(swap, tree, work, kv=args.kv, files=files, device=args.device)
+        print(compare(genai, outcomes(ours), swap), flush=True)
 
 
 if __name__ == "__main__":
