@@ -12,8 +12,9 @@ from ..config.settings import STORE_BLOCK_TOKENS
 from ..model.families import declared_window, trained_context, wide_activations
 from ..model.source import read_ir, resolve_model
 from ..model.variants import prepare
-from ..runtime.device import npu_io
+from ..runtime.device import device_properties, npu_io
 from ..runtime.npu_compile import placement_plan
+from ..runtime.npu_strides import kv_port_names, with_chosen_strides
 from ..runtime.shapes import static_shapes
 
 
@@ -27,7 +28,7 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     # PagedAttention takes any window form (OpenVINO's rewrite): check only the static path's
     window = None if decided.paged else declared_window(model_dir, shapes.total_len)
     precision = decided.kv_precision or decided.compute_precision  # for the bytes per token
-    _, layout = prepare(read_ir(core, model_dir), precision, False, window)
+    prepared, layout = prepare(read_ir(core, model_dir), precision, False, window)
     windows = sorted({w for w in layout.window}, key=lambda w: (w is not None, w or 0))
     per_token = layout.bytes_per_token()
     kv_slots = shapes.generate_past
@@ -49,7 +50,9 @@ def describe(model: str | None, device: str = "CPU", **config: Any) -> str:
     ]
     if decided.npuw_devices and decided.static_models:
         lines.append("sub-models       " + placement_plan(decided.npuw_devices))
-    io = npu_io(core, decided)
+    # what the static models would be compiled with: strides chosen on the KV ports, or not
+    strided = with_chosen_strides(core, decided, kv_port_names(prepared, layout))
+    io = npu_io(core, strided, device_properties(strided)[1])
     if io is not None:
         lines.append("NPU I/O          " + io.describe())
     if decided.paged:

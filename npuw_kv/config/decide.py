@@ -284,6 +284,9 @@ class Decided(Generic[C]):
     window_rings: bool  # sliding-window layers' KV in rings (static path)
     prefill_ladder: str  # "one", "lean" or "full"
     generate_ladder: str  # "one", "lean" or "full"
+    # NPU_ENABLE_STRIDES_FOR chosen for the KV ports, once the model is read ("": none;
+    # runtime/npu_strides.py): a real NPU's compiler and driver take it
+    kv_strides: str = ""
 
     @property
     def dense_blocks(self) -> bool:

@@ -37,6 +37,7 @@ from .compile import compile_paged, compile_requests
 from .device import npu_io
 from .npu_compile import compile_npu_first
 from .npu_double import with_npu_io
+from .npu_strides import kv_port_names, with_chosen_strides
 from .paged.runner import PagedRunner
 from .runner import Runner
 from .shapes import static_shapes
@@ -160,12 +161,13 @@ def build_runner(
     # before compiling: static shapes of an absurd length would cost the compiler first
     build.allocate(kv_capacity, lambda: _check_kv_fits(layout, shapes.generate_past))
     unpartitioned = npuw_unpartitioned(model_dir)
+    decided = with_chosen_strides(core, decided, kv_port_names(prepared, layout))
     requests = build.compile(
         lambda: compile_npu_first(
             lambda d: compile_requests(core, prepared, layout, d, shapes, unpartitioned), decided
         )
     )
-    requests = with_npu_io(requests, npu_io(core, decided))
+    requests = with_npu_io(requests, npu_io(core, decided, requests.device_properties))
     runner = build.allocate(
         kv_capacity,
         lambda: StaticRunner(

@@ -19,6 +19,7 @@ from ..model.value_layout import ValueLayouts
 from ..model.variants import Ladder, shared_dynamic, static_ladder
 from .device import NpuIO, device_properties, limit_runtime_cache
 from .npu_compile import missing_npu
+from .npu_strides import StridesChosen
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def compile_requests(
         config=config,
         split=split,
         ladder=checked_ladder(split.body if split is not None else model, layout, decided, shapes),
+        strides=StridesChosen(decided),
     )
     # NPUW crashes on a whole GGUF-converted model with every sub-graph a function and f32
     # tensors between them; the split body compiles
@@ -159,6 +161,7 @@ class StaticCompile:
     config: PipelineConfig
     ladder: Ladder
     split: SplitModel | None  # the embedding and head cut out (None: whole models)
+    strides: StridesChosen  # the KV ports' strides npuw-kv chose, dropped if refused
 
     @property
     def partition_given(self) -> bool:
@@ -185,7 +188,10 @@ class StaticCompile:
         """Every model of the ladder (or only the largest of each phase) with ``props``."""
 
         def request(m: ov.Model) -> ov.InferRequest:
-            return self.core.compile_model(m, self.device, props).create_infer_request()
+            compiled = self.strides.compile(
+                lambda p: self.core.compile_model(m, self.device, p), props
+            )
+            return compiled.create_infer_request()
 
         ladder, config = self.ladder, self.config
         prefills = ladder.prefill if pyramid else ladder.prefill[-1:]

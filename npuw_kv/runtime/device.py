@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from .npu_double import DeviceCopies
 from .npu_rules import DeviceMemory
 
 _BANKS = itertools.count()
+STRIDES = "NPU_ENABLE_STRIDES_FOR"  # the ports compiled with strides (runtime/npu_strides.py)
 
 
 def device_properties(decided: Decided[PipelineConfig]) -> tuple[str, dict[str, Any]]:
@@ -62,6 +64,10 @@ def device_properties(decided: Decided[PipelineConfig]) -> tuple[str, dict[str, 
     props.update(config.compile_properties)
     if config.device == "NPU":  # a CPU plugin setting: on the core (compile.compile_requests)
         props.pop("SNIPPETS_MODE", None)
+        if str(props.get(STRIDES, "x")).strip() == "":  # "": no strides, and none chosen
+            props.pop(STRIDES)
+        elif decided.kv_strides and STRIDES not in props:
+            props[STRIDES] = decided.kv_strides
     return config.device, props
 
 
@@ -101,12 +107,15 @@ class NpuIO:
     memory: DeviceMemory
     strided_outputs: bool
     enforced_by: str  # "NPU", "double" or "none (CPU stand-in)"
-    strided_ports: frozenset[str] = frozenset()  # NPU_ENABLE_STRIDES_FOR, as given
+    strided_ports: frozenset[str] = frozenset()  # NPU_ENABLE_STRIDES_FOR compiled with
+    strides_chosen: bool = False  # by npuw-kv (runtime/npu_strides.py), not given
     double: DeviceCopies | None = None  # what the double counted
 
     def describe(self) -> str:
         """One line for ``npuw-kv inspect``: who enforces the rules, what that means here."""
         outputs = "strided outputs bound" if self.strided_outputs else "strided outputs staged"
+        if self.strides_chosen:
+            outputs += f" ({STRIDES} chosen for the {len(self.strided_ports)} KV port names)"
         memory = (
             "KV in the device's memory (dense pasts read in place)"
             if self.memory.device
@@ -115,24 +124,29 @@ class NpuIO:
         return f"rules enforced by {self.enforced_by}; {outputs}; {memory}"
 
 
-def npu_io(core: ov.Core, decided: Decided[PipelineConfig]) -> NpuIO | None:
-    """The NPU I/O of ``decided``'s static models (None off the NPU path).
+def npu_io(
+    core: ov.Core, decided: Decided[PipelineConfig], compiled_with: Mapping[str, Any]
+) -> NpuIO | None:
+    """The NPU I/O of ``decided``'s static models, compiled with the properties
+    ``compiled_with`` (None off the NPU path).
 
     A real NPU (NPUW places sub-models on it) refuses strided outputs unless strides were
-    enabled for them (``NPU_ENABLE_STRIDES_FOR`` given: then they are bound, and a refusal at
-    the first infer still falls back to staging), and its KV comes from the NPU's default
-    context, where NPUW reads contiguous inputs in place."""
+    enabled for them (``NPU_ENABLE_STRIDES_FOR``, given or chosen: then they are bound, and a
+    refusal at the first infer still falls back to staging), and its KV comes from the NPU's
+    default context, where NPUW reads contiguous inputs in place."""
     config = decided.config
     if config.device != "NPU" or not decided.static_models:
         return None
-    given = str(config.compile_properties.get("NPU_ENABLE_STRIDES_FOR", ""))
-    ports = frozenset(name.strip() for name in given.split(",") if name.strip())
+    value = str(compiled_with.get(STRIDES, ""))
+    ports = frozenset(name.strip() for name in value.split(",") if name.strip())
+    chosen = bool(ports) and value == decided.kv_strides
     if config.npu_io_double:
         return NpuIO(
             memory=DeviceMemory(device=True),
             strided_outputs=bool(ports),
             enforced_by="double",
             strided_ports=ports,
+            strides_chosen=chosen,
             double=DeviceCopies(),
         )
     if not on_real_npu(decided.npuw_devices):
@@ -147,4 +161,10 @@ def npu_io(core: ov.Core, decided: Decided[PipelineConfig]) -> NpuIO | None:
             stacklevel=3,
         )
         context = None
-    return NpuIO(memory=DeviceMemory(context), strided_outputs=bool(ports), enforced_by="NPU")
+    return NpuIO(
+        memory=DeviceMemory(context),
+        strided_outputs=bool(ports),
+        enforced_by="NPU",
+        strided_ports=ports,
+        strides_chosen=chosen,
+    )

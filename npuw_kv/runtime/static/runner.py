@@ -263,6 +263,10 @@ class StaticRunner(Runner):
         stats: dict[str, Any] = {
             "npu_io": io.enforced_by,
             "strided_outputs": "direct" if self.generate_binding.strided_outputs else "staged",
+            # NPU_ENABLE_STRIDES_FOR on the KV ports: chosen by npuw-kv, given, or none
+            "kv_strides": (
+                ("chosen" if io.strides_chosen else "given") if io.strided_ports else "none"
+            ),
             "npu_copied_bytes_estimate": self.calls.estimate,
             # of host_bytes_copied: the staged outputs' rows (strided outputs staged)
             "staged_output_bytes": sum(m.binding.staged_output_bytes for m in self.calls.models),

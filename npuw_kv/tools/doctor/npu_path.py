@@ -29,10 +29,12 @@ DEVICES_KEY = "submodel_devices"
 ESTIMATE_KEY = "npu_copied_bytes_estimate"
 PREFILL_ESTIMATE_KEY = "npu_prefill_copied_bytes_estimate"
 # what else the NPU path reports about its I/O, where this npuw-kv has it: who enforces the
-# NPU's rules, how strided outputs are bound, where the KV lives, a refusal, the double's count
+# NPU's rules, how strided outputs are bound (strides chosen, given or none), where the KV
+# lives, a refusal, the double's count
 NPU_IO_KEYS = (
     "npu_io",
     "strided_outputs",
+    "kv_strides",
     "npu_kv_memory",
     "strided_output_refused",
     "double_copied_bytes",

@@ -103,6 +103,10 @@ def read_property(name: str) -> str:
 
 def npu_driver(ctx: DoctorContext) -> list[str]:
     """Whether there is an NPU, what its plugin says, and whether its compiler can load."""
+    import openvino as ov
+
+    from ...runtime.npu_strides import strides_supported
+
     libs = openvino_libs()
     plugin, loader = libs / library_name(PLUGIN), libs / library_name(LOADER)
     lines = [
@@ -112,6 +116,9 @@ def npu_driver(ctx: DoctorContext) -> list[str]:
         *md_table(
             ("NPU property", "value or error"), ((n, read_property(n)) for n in NPU_PROPERTIES)
         ),
+        "",
+        "`NPU_ENABLE_STRIDES_FOR` listed (npuw-kv then binds the strided KV views in place): "
+        + ("yes" if strides_supported(ov.Core()) else "no"),
         "",
         *md_table(
             ("file", "present"),
