@@ -30,9 +30,14 @@ def kl_divergence(ref_logits: np.ndarray, our_logits: np.ndarray) -> np.ndarray:
 def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Negative log-likelihood of ``targets[i]`` under ``logits[i]``, per row.  Callers feed
     a long prompt's rows a chunk at a time: the float64 log-softmax of 4k rows of a 262k
-    vocabulary would take 8 GB."""
-    logp = log_softmax(logits)
-    return -logp[np.arange(len(targets)), np.asarray(targets)]
+    vocabulary would take 8 GB.  Only each row's log-sum-exp is needed, so it is computed in
+    place in one float64 copy instead of a whole log-softmax (four copies)."""
+    x = logits.astype(np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    picked = x[np.arange(len(targets)), np.asarray(targets)] - top[:, 0]
+    x -= top
+    np.exp(x, out=x)
+    return np.log(x.sum(axis=-1)) - picked
 
 
 def perplexity(nlls: Sequence[np.ndarray]) -> float:
