@@ -38,6 +38,7 @@ from .config.pipeline_config import PipelineConfig
 from .config.settings import label
 from .errors import NumericError, UsageError
 from .generation import speculative
+from .generation.beams_alone import beams_alone
 from .generation.decode import Streamer, generate_sequences
 from .generation.running_batch import REENTERED, RunningBatch, SequenceRequest, Ticket, requests
 from .model.families import family_named, trained_context
@@ -281,11 +282,12 @@ class Engine:
     ) -> list[GenerationResult]:
         """The prompts one after another on the runner alone (speculative decoding, the
         static-shape path); the caller holds :meth:`alone`, so ``kv_stats`` reports them."""
-        if config.num_beams > 1:
+        beams = config.num_beams > 1
+        if beams and (self.decided.config.device != "CPU" or self.assisted.mode is not None):
             raise UsageError(
-                "num_beams > 1 needs the PagedAttention path (the CPU default, "
-                "attention_backend='pa') without speculative decoding; the static-shape path "
-                "(NPU, attention_backend='sdpa') runs one sequence per call"
+                f"num_beams > 1 runs on the CPU without speculative decoding (the "
+                f"PagedAttention path, or the static-shape path one beam at a time); the "
+                f"{self.decided.config.device} path runs one sequence per call"
             )
         limit = self.trained_context[0] if self.trained_context else None
         results: list[GenerationResult] = []
@@ -298,6 +300,14 @@ class Engine:
                 messages = history if history is not None else prompt.messages
                 self.runner.hold_prefix(system_prompt_tokens(self.tokenizer, messages, ids))
             runner = timer.runner(self.assisted.runner(self.runner, config))
+            if beams:  # the static-shape path: the beams take turns in its one sequence
+                answers = beams_alone(
+                    runner, self.tokenizer, ids, config, streamer,
+                    self.constraint(config, timer), limit,
+                )  # fmt: skip
+                timer.prompt_done(runner, started, answers, detokenizer)
+                results += answers
+                continue
             answers = generate_sequences(
                 runner,
                 self.tokenizer,

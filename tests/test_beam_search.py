@@ -14,10 +14,17 @@ import pytest
 from conftest import make_pipe
 
 from npuw_kv.api.generation_config import GenerationConfig
+from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.blocks.sequence import blocks_for
+from npuw_kv.pipeline import LLMPipeline
 
 BEAMS = {"num_beams": 4, "num_return_sequences": 4, "max_new_tokens": 16}
 SCORE_TOL = 1e-5  # float32 sums of log-probs; measured differences are <= 1.2e-7
+# the NPU path on the tiny model: exact f32, NPUW's partitioning off (test_tiny_model.py)
+TINY_NPU = dict(
+    prefill_chunk_size=16, max_prompt_len=64, min_response_len=24,
+    NPUW_ONLINE_PIPELINE="NONE", **EXACT_F32,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +153,57 @@ def test_beams_share_the_prompt_blocks_and_copy_on_write(f32_pipe, text_ids, gen
     )
 
 
-def test_static_path_refuses_beams_and_stays_usable(smol_dir, text_ids):
-    static = make_pipe(smol_dir, "CPU", attention_backend="sdpa")
-    ids = text_ids(16)
-    before = static.generate(ids, max_new_tokens=6).tokens
-    with pytest.raises(ValueError, match="num_beams.*PagedAttention"):
-        static.generate(ids, num_beams=2, max_new_tokens=6)
-    assert static.generate(ids, max_new_tokens=6).tokens == before
+@pytest.fixture(scope="module")
+def static_pipe(smol_dir):
+    """The static-shape path on the CPU, exact f32 with f32 KV: beams take turns in it."""
+    return make_pipe(smol_dir, "CPU", attention_backend="sdpa", kv_precision="f32")
+
+
+@pytest.mark.parametrize(
+    "length,settings",
+    [
+        (16, BEAMS),
+        (200, {**BEAMS, "max_new_tokens": 10}),
+        (16, {**BEAMS, "num_beam_groups": 2, "diversity_penalty": 1.0, "max_new_tokens": 10}),
+    ],
+)
+def test_static_path_beams_give_genai_sequences_and_scores(
+    static_pipe, genai_f32_pipe, genai_reference, text_ids, length, settings
+):
+    """genai's stateful (SDPA) pipeline runs beams, so the static path does: the same
+    sequences and scores as genai's, one beam at a time in the runner's one sequence."""
+    ids = text_ids(length).tolist()
+    config = GenerationConfig.build(static_pipe.get_generation_config(), **settings)
+    tensor = ov.Tensor(np.array([ids], np.int64))
+    theirs = genai_f32_pipe.generate(tensor, config.to_genai())
+    ours = static_pipe.generate(tensor, config)
+    eos = static_pipe.tokenizer.get_eos_token_id()
+    tokens = [[int(t) for t in seq] for seq in theirs.tokens]
+    assert ours.tokens == [seq[:-1] if seq and seq[-1] == eos else seq for seq in tokens]
+    np.testing.assert_allclose(ours.scores, list(theirs.scores), rtol=0, atol=1e-4)
+    # the cache is left usable: greedy after beams is genai's greedy
+    again = static_pipe.generate(text_ids(length), max_new_tokens=6, ignore_eos=True).tokens
+    assert again == genai_reference(text_ids(length), 6)
+
+
+def test_static_path_beams_end_where_a_beam_no_longer_fits_one_prompt(static_pipe, text_ids):
+    """A beam taking its turn is read as a prompt: the answers stop at max_prompt_len."""
+    room = 3
+    ids = text_ids(static_pipe.runner.max_prompt_len - room)
+    result = static_pipe.generate(
+        ov.Tensor(ids.reshape(1, -1)), num_beams=2, num_return_sequences=2, max_new_tokens=16
+    )
+    assert all(len(tokens) <= room for tokens in result.tokens)
+    assert any(len(tokens) == room for tokens in result.tokens)
+
+
+def test_npu_path_refuses_beams_by_name_and_stays_usable(tiny_dir):
+    pipe = LLMPipeline(tiny_dir, "NPU", **TINY_NPU)
+    ids = np.arange(100, 120, dtype=np.int64)
+    before = pipe.generate(ids, max_new_tokens=6, ignore_eos=True).tokens
+    with pytest.raises(ValueError, match="num_beams > 1 runs on the CPU.*NPU path"):
+        pipe.generate(ids, num_beams=2, max_new_tokens=6)
+    assert pipe.generate(ids, max_new_tokens=6, ignore_eos=True).tokens == before
 
 
 def test_streamer_is_refused_with_beams(f32_pipe, text_ids):

@@ -1,0 +1,122 @@
+"""Beam search on a runner that holds one sequence: the static-shape path on the CPU.
+
+The paged path runs each beam as a sequence of its own, forked in the block manager
+(:class:`~.beam_search.BeamJob`).  The static-shape runner holds one sequence, so here the
+beams take turns in it: the beam whose tokens continue the cached sequence by one takes a
+generate step; any other is read as a prompt, which the runner's prefix reuse runs from where
+its tokens part from the cached ones (from the last block boundary before), so a switch costs
+the beams' differing tail, not the whole sequence (with ``prefix_reuse`` off, the whole of it).
+The beams are visited in token order, so beams with a long common tail follow each other.  The
+search itself is :class:`~.beam_search.GroupBeamSearch`, genai's semantics, so the answers are
+the paged path's up to the rounding of the models that computed the KV.
+
+Since a switch reads the beam as a prompt, a beam can grow only to ``max_prompt_len`` tokens in
+all: the answers end there with finish reason ``length``, as they end at ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..api.generation_config import GenerationConfig
+from ..api.generation_result import GenerationResult
+from ..runtime.runner import Runner
+from .beam_search import GroupBeamSearch, check_beam_request
+from .stopping import StopStrings
+
+
+class BeamsAlone:
+    """One prompt's beam search on ``runner`` alone, the beams taking turns in its cache."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        tokenizer: Any,
+        ids: np.ndarray,
+        config: GenerationConfig,
+        position_limit: int | None = None,
+    ) -> None:
+        self.runner = runner
+        self.prompt = [int(t) for t in np.asarray(ids).reshape(-1)]
+        self.config = config
+        self.stops = StopStrings(tokenizer, config.stop_strings, config.include_stop_str_in_output)
+        self.budget = config.new_token_budget(len(self.prompt))
+        # a beam is read again as a prompt when it takes its turn: it fits in one
+        self.limit = min(runner.max_prompt_len, position_limit or runner.max_prompt_len)
+        self.cached: list[int] = []  # the tokens whose KV the runner holds now
+        self.switches = 0  # beams read as prompts (not one step on from the cached sequence)
+
+    def run(self) -> list[GenerationResult]:
+        start = time.perf_counter()
+        first = self._feed(self.prompt)
+        ttft = time.perf_counter() - start
+        room = min(self.limit - len(self.prompt), self.runner.remaining_capacity)
+        search = GroupBeamSearch(self.config, self.prompt, 0, self.budget, self.stops)
+        rows = {0: first}
+        serial = 0
+        while True:
+            search.select(rows)
+            beams = search.running
+            grown = len(beams[0].tokens) if beams else 0
+            if not beams or (self.budget is not None and grown >= self.budget):
+                break
+            if grown >= room:
+                break
+            rows = {}
+            for beam in sorted(beams, key=lambda b: b.tokens):  # common tails in a row
+                serial += 1
+                beam.seq = serial
+                rows[serial] = self._feed(self.prompt + beam.tokens)
+        if beams:
+            search.finalize()
+        return self._results(search, ttft, time.perf_counter() - start - ttft, first)
+
+    def _feed(self, tokens: list[int]) -> np.ndarray:
+        """The logits after ``tokens``, with the runner's cache holding them afterwards."""
+        if self.cached and tokens[:-1] == self.cached:
+            logits = self.runner.step(tokens[-1])
+        else:
+            if self.cached:
+                self.switches += 1
+            logits = self.runner.prefill(np.asarray(tokens, np.int64))
+        self.cached = list(tokens)
+        return logits
+
+    def _results(
+        self, search: GroupBeamSearch, ttft: float, decode_s: float, first: np.ndarray
+    ) -> list[GenerationResult]:
+        results = []
+        for hyp in search.results():
+            text, kept = self.stops.cut(hyp.tokens)
+            results.append(
+                GenerationResult(
+                    hyp.tokens[:kept],
+                    text,
+                    hyp.finish,
+                    len(self.prompt),
+                    ttft,
+                    decode_s,
+                    first,
+                    [float(p) for p in hyp.logprobs[:kept]],
+                    [],
+                    search.score(hyp),
+                )
+            )
+        return results
+
+
+def beams_alone(
+    runner: Runner,
+    tokenizer: Any,
+    ids: np.ndarray,
+    config: GenerationConfig,
+    streamer: Any = None,
+    constraint: Any = None,
+    position_limit: int | None = None,
+) -> list[GenerationResult]:
+    """Beam search of one prompt on ``runner`` alone: genai's answers, best first."""
+    check_beam_request(config, streamer, constraint)
+    return BeamsAlone(runner, tokenizer, ids, config, position_limit).run()
