@@ -4,8 +4,10 @@ Requests are added at any time (:meth:`ContinuousBatchingPipeline.add_request`) 
 :meth:`~ContinuousBatchingPipeline.step` runs one batched model call over every live sequence
 (:class:`~npuw_kv.runtime.paged.scheduler.Scheduler`): new requests join between steps, finished
 ones leave.  A request's :class:`GenerationHandle` reads its tokens as they come.  It runs on
-the CPU path (PagedAttention) only; beam searches join the batch too, speculative decoding is
-refused by name.  Like ``LLMPipeline`` it is a face over an :class:`~npuw_kv.engine.Engine`.
+the CPU path (PagedAttention) only; beam searches join the batch too.  With a draft model or
+prompt lookup, each request runs alone in its steps, one after another
+(:mod:`~npuw_kv.generation.assisted_lane`).  Like ``LLMPipeline`` it is a face over an
+:class:`~npuw_kv.engine.Engine`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +30,7 @@ from .api.results import finish_reason
 from .engine import Engine
 from .errors import UsageError
 from .generation.beam_search import check_beam_request
+from .generation.pipeline_metrics import MetricsRecorder, PipelineMetrics
 from .generation.running_batch import SequenceRequest, Ticket
 from .runtime.paged.runner import PagedRunner
 
@@ -176,31 +180,25 @@ class ContinuousBatchingPipeline:
         tokenizer_properties: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if tokenizer_properties:
-            raise UsageError(
-                f"tokenizer_properties {sorted(tokenizer_properties)} are not supported: the "
-                "tokenizer is loaded as openvino-genai's LLMPipeline loads it"
-            )
+        """``properties`` may name a ``draft_model`` or ``prompt_lookup=True`` (assisted
+        generation); ``tokenizer_properties`` compile the tokenizer's IRs, as genai's."""
         settings = {**(properties or {}), **kwargs}
         if scheduler_config is not None:
             settings["scheduler_config"] = scheduler_config
-        self.engine = Engine(models_path, (device,), settings)
+        self.engine = Engine(models_path, (device,), settings, tokenizer_properties)
         runner = self.engine.runner
         if not isinstance(runner, PagedRunner) or self.engine.batch is None:
             raise UsageError(
                 "ContinuousBatchingPipeline runs on the paged path (device CPU, "
                 "attention_backend 'pa'); the static-shape path runs one sequence at a time"
             )
-        if self.engine.assisted.mode is not None:
-            raise UsageError(
-                "ContinuousBatchingPipeline does not run speculative decoding (draft_model, "
-                "prompt_lookup): use LLMPipeline, which runs it one sequence at a time"
-            )
         self.runner = runner
         # the engine's running batch: the calls of an LLMPipeline over the same engine
         # (LLMPipeline(engine)) join it too
         self.batch = self.engine.batch
         self._request_ids = itertools.count(1 << 40)  # generate()'s own requests
+        self._metrics = MetricsRecorder()
+        self._history: list[dict[str, str]] | None = None  # start_chat's conversation
 
     # -- genai's accessors -----------------------------------------------------------------------
     def get_tokenizer(self) -> openvino_genai.Tokenizer:
@@ -212,10 +210,47 @@ class ContinuousBatchingPipeline:
     def has_non_finished_requests(self) -> bool:
         return self.batch.busy
 
+    def get_metrics(self) -> PipelineMetrics:
+        """genai's ``PipelineMetrics`` after the last step
+        (:mod:`~npuw_kv.generation.pipeline_metrics`)."""
+        return self._metrics.snapshot()
+
+    # -- chat (genai's start_chat / finish_chat, deprecated there too) -------------------------
+    def start_chat(self, system_message: str = "") -> None:
+        """``generate`` takes one prompt at a time from now on, as the next user turn of a
+        conversation (the chat template over every turn so far)."""
+        warnings.warn(
+            "start_chat() / finish_chat() are deprecated in openvino_genai: pass a "
+            "ChatHistory to LLMPipeline.generate instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._history = [{"role": "system", "content": system_message}] if system_message else []
+
+    def finish_chat(self) -> None:
+        """The conversation ends: ``generate`` takes independent prompts again."""
+        warnings.warn(
+            "start_chat() / finish_chat() are deprecated in openvino_genai: pass a "
+            "ChatHistory to LLMPipeline.generate instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._history = None
+
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request_id: int, prompt: Any, generation_config: Any) -> GenerationHandle:
         """Queue a request: ``prompt`` as text (through the chat template when the config's
         ``apply_chat_template`` is on and the model has one) or token ids (``ov.Tensor``)."""
+        return self._add(request_id, prompt, generation_config, None)
+
+    def _add(
+        self,
+        request_id: int,
+        prompt: Any,
+        generation_config: Any,
+        history: list[dict[str, str]] | None,
+    ) -> GenerationHandle:
+        """:meth:`add_request`; a text prompt after ``history`` when given (a chat's turn)."""
         if isinstance(request_id, bool) or not isinstance(request_id, (int, np.integer)):
             raise UsageError(f"request_id must be an integer, got {request_id!r}")
         if not isinstance(prompt, (str, ov.Tensor)):
@@ -231,7 +266,7 @@ class ContinuousBatchingPipeline:
         (ask,) = request.prompts
         ids = ask.ids
         if ids is None:
-            ids = engine.encoder.ids(ask, config.apply_chat_template)
+            ids = engine.encoder.ids(ask, config.apply_chat_template, history)
         handle = GenerationHandle(int(request_id), self._end)
         factory = engine.constraint(config)
         beams = config.num_beams > 1
@@ -255,6 +290,16 @@ class ContinuousBatchingPipeline:
     def step(self) -> None:
         """One batched model call over every live sequence; their handles grow."""
         self.batch.step()
+        loops, runner = self.batch.loops, self.runner
+        windows = runner.blocks.stats().windows.values()
+        usage = max((100.0 * w.primary_used / w.primary_total for w in windows), default=0.0)
+        self._metrics.step(
+            requests=self.batch.requests,
+            scheduled=loops.last_requests,
+            usage=usage,
+            duration_us=loops.last_duration_us,
+            cache_bytes=runner.cache.bytes_allocated,
+        )
 
     def _end(self, handle: GenerationHandle, status: Any) -> None:
         """Stop or cancel ``handle``'s request: its sequences leave the engine now."""
@@ -277,6 +322,12 @@ class ContinuousBatchingPipeline:
                              "runs many; read GenerationHandle.read() instead")  # fmt: skip
         if isinstance(prompts, str):
             prompts = [prompts]
+        history = self._history
+        if history is not None and (len(prompts) != 1 or not isinstance(prompts[0], str)):
+            raise UsageError(
+                "in a chat (start_chat) generate takes one text prompt, the next user turn; "
+                f"got {len(prompts)} prompts"
+            )
         configs = (
             list(generation_config)
             if isinstance(generation_config, (list, tuple))
@@ -290,11 +341,12 @@ class ContinuousBatchingPipeline:
         handles: list[GenerationHandle] = []
         try:
             for p, c in zip(prompts, configs, strict=True):
-                handles.append(self.add_request(next(self._request_ids), p, c))
+                handles.append(self._add(next(self._request_ids), p, c, history))
         except BaseException:
             for handle in handles:  # the call fails whole: the requests it added end too
                 handle.cancel()
             raise
+        self._metrics.reset_usage()
         while any(h.get_status() == Status.RUNNING for h in handles):
             self.step()
         out = []
@@ -310,4 +362,10 @@ class ContinuousBatchingPipeline:
                     handle.request_id, ids, [r.score for r in results], handle.status, results
                 )
             )
+        if history is not None and handles[0].status != Status.CANCEL and out[0].results:
+            # as genai: the turn and the first answer join the conversation
+            history += [
+                {"role": "user", "content": prompts[0]},
+                {"role": "assistant", "content": out[0].results[0].text},
+            ]
         return out

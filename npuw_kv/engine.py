@@ -57,8 +57,13 @@ class Engine:
     every call on it shares.  Arguments as ``LLMPipeline``'s (:mod:`npuw_kv.api.inputs`)."""
 
     def __init__(
-        self, model: str | os.PathLike[str] | None, args: Sequence[Any], config: dict[str, Any]
+        self,
+        model: str | os.PathLike[str] | None,
+        args: Sequence[Any],
+        config: dict[str, Any],
+        tokenizer_properties: Mapping[Any, Any] | None = None,
     ) -> None:
+        """``tokenizer_properties``: what the tokenizer's IRs are compiled with (genai's)."""
         started = time.perf_counter()
         given = pipeline_args(model, tuple(args), config)
         assisted = speculative.take_settings(given.settings)  # prompt_lookup, draft_model
@@ -76,6 +81,11 @@ class Engine:
         self._lock = threading.Lock()
         self._owner: int | None = None
         fix_mmap_threshold()  # before compiling: see runtime/heap.py for what it keeps flat
+        if given.tokenizer is not None and tokenizer_properties:
+            raise UsageError(
+                "tokenizer_properties compile the model's own tokenizer IRs: not with a "
+                "tokenizer given (compile it with them yourself)"
+            )
         with model_directory(given, self.config.gguf_zero_points) as model_dir:
             # None for a model given in memory (its temporary directory is gone after this)
             self.model_dir: Path | None = None if given.weights is not None else model_dir
@@ -86,7 +96,9 @@ class Engine:
             ir = read_ir(self.core, model_dir)
             # before compiling: a broken tokenizer should not cost a compile first
             self.tokenizer = (
-                load_tokenizer(model_dir) if given.tokenizer is None else given.tokenizer
+                load_tokenizer(model_dir, tokenizer_properties)
+                if given.tokenizer is None
+                else given.tokenizer
             )
             adapters = given.adapters.get_adapters() if given.adapters else []
             with family_named(model_dir):  # a graph we cannot take: which family
@@ -130,6 +142,7 @@ class Engine:
                 split_fuse=self.config.split_fuse,
                 mode=self.lora.current if self.lora is not None else None,
                 switch=self.use_adapters,
+                assisted=self.assisted,
             )
             if isinstance(self.runner, PagedRunner)
             else None

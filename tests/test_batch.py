@@ -357,7 +357,7 @@ LONG_PROMPT = "hi " * 1100  # over the MAX_PROMPT_LEN of 1024 of conftest's f32 
 REFUSALS = [
     (LONG_PROMPT, {}, r"prompt has \d+ tokens but MAX_PROMPT_LEN is 1024"),
     ("a\ud800b", {}, r"text is not valid Unicode: surrogates not allowed at character 1"),
-    ("hi", {"num_assistant_tokens": 3}, r"num_assistant_tokens=3 needs assisted generation"),
+    ("hi", {"num_assistant_tokens": 3, "num_beams": 2}, r"assisted generation .* runs one seq"),
     ("hi", {"num_return_sequences": 2000, "do_sample": True}, r"= 2000 sequences in one call"),
 ]
 

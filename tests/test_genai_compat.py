@@ -226,7 +226,6 @@ def test_the_constructor_takes_a_model_in_memory(smol_dir, expected, tmp_path, m
         ("CPU", {"PREFIX_CACHE_TOKENS": 64}, {"cache_size": 1}, "cache_size and PREFIX_CACHE"),
         ("CPU", {"SPLIT_FUSE": True}, {"dynamic_split_fuse": False}, "dynamic_split_fuse and"),
         ("CPU", {}, {"use_cache_eviction": True}, "use_cache_eviction"),
-        ("CPU", {}, {"num_kv_blocks": 2}, "num_kv_blocks=2 holds 64 tokens"),
         ("CPU", {"PREFIX_REUSE": "YES"}, {}, "enable_prefix_caching and PREFIX_REUSE"),
         ("CPU", {"prefill_chunk_size": 64}, {"max_num_batched_tokens": 128}, "max_num_batched"),
     ],

@@ -124,6 +124,19 @@ def test_genai_runs_our_adapter_file_to_the_same_tokens(lora):
     assert got == lora["tokens"]["first"]
 
 
+def test_genai_adapters_are_read_again_from_their_files(lora):
+    """genai's own Adapter / AdapterConfig (opaque: npuw_kv records each Adapter's file when
+    it is made), at construction and in a call, with their alphas."""
+    theirs = openvino_genai.AdapterConfig(openvino_genai.Adapter(str(lora["first"])), 0.75)
+    pipe = LLMPipeline(lora["ir"], "CPU", kv_precision="f32", adapters=theirs, **EXACT_F32)
+    assert _run(pipe) == lora["tokens"]["first"]
+    assert _run(pipe, adapters=openvino_genai.AdapterConfig()) == lora["tokens"]["base"]
+    assert _run(pipe, adapters=theirs) == lora["tokens"]["first"]
+    assert npuw_kv.GenerationConfig(adapters=theirs).adapters.get_adapters_and_alphas()[0][1] == (
+        pytest.approx(0.75)
+    )
+
+
 def test_threads_with_different_adapters_each_get_their_own_tokens(lora):
     """On the paged path calls of other alphas wait for the running batch to end."""
     first = Adapter(lora["first"])
@@ -206,16 +219,6 @@ def test_bad_adapters_are_refused_naming_the_adapter_and_the_layer(lora, tmp_pat
         ValueError, match=r"absent\.safetensors.*layers\.7\.mlp\.up_proj.*no MatMul"
     ):
         LLMPipeline(lora["ir"], "CPU", adapters=AdapterConfig(Adapter(absent)))
-    # genai's own Adapter cannot be read: said, with what to use instead
-    theirs = openvino_genai.AdapterConfig(openvino_genai.Adapter(str(lora["first"])))
-    with pytest.raises(ValueError, match=r"adapters: .*npuw_kv\.Adapter\(path\)"):
-        npuw_kv.GenerationConfig(adapters=theirs)
-    with pytest.raises(ValueError, match=r"npuw_kv\.Adapter\(path\)"):
-        LLMPipeline(
-            lora["ir"],
-            "CPU",
-            adapters=openvino_genai.AdapterConfig(openvino_genai.Adapter(str(lora["first"]))),
-        )
 
 
 def test_a_pipeline_without_adapters_refuses_a_call_that_asks_for_one(lora):

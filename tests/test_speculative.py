@@ -208,11 +208,20 @@ def test_unchanged_sample_contract(plain, lookup, smol_dir):
         lookup.generate(prompt, max_new_tokens=4)  # as genai: prompt lookup needs both
 
 
-def test_genai_draft_made_before_npuw_kv_is_refused_clearly(smol_dir):
+def test_genai_draft_made_before_npuw_kv_is_read_from_the_files_it_maps(smol_dir, monkeypatch):
     """genai's draft_model returns an opaque OVAny (a C++ ModelDesc: no path readable);
-    npuw_kv records what the ones made after its import were made from."""
+    npuw_kv records what the ones made after its import were made from, and reads one made
+    before from the model directory genai keeps mapped for it, when that is the only one."""
+    from npuw_kv.api.genai_objects import mapped_model_dirs
+    from npuw_kv.generation import draft
+
     made_unrecorded = openvino_genai.draft_model.__wrapped__(str(smol_dir), "CPU")
-    with pytest.raises(ValueError, match="cannot be read.*npuw_kv.draft_model"):
+    assert smol_dir.resolve() in [d.resolve() for d in mapped_model_dirs()]
+    monkeypatch.setattr(draft, "mapped_model_dirs", lambda: [smol_dir])
+    with pytest.warns(RuntimeWarning, match="read from .* the main model's device"):
+        assert draft.resolve_draft(made_unrecorded).path == smol_dir
+    monkeypatch.setattr(draft, "mapped_model_dirs", lambda: [smol_dir, smol_dir.parent])
+    with pytest.raises(ValueError, match="cannot be read.* 2 model directories are mapped"):
         LLMPipeline(smol_dir, "CPU", draft_model=made_unrecorded, **SETTINGS)
 
 
@@ -284,9 +293,12 @@ def test_static_path_refuses_by_name(smol_dir, code_ids):
     with pytest.raises(ValueError, match="draft_model: .*PagedAttention"):
         LLMPipeline(smol_dir, "NPU", draft_model=npuw_kv.draft_model(smol_dir))
     static = make_pipe(smol_dir, "CPU", attention_backend="sdpa")
-    with pytest.raises(ValueError, match="num_assistant_tokens=5 needs assisted generation"):
-        static.generate(code_ids, max_new_tokens=4, **LOOKUP)
-    assert len(static.generate(code_ids, max_new_tokens=3, ignore_eos=True).tokens) == 3
+    plain = static.generate(code_ids, max_new_tokens=3, ignore_eos=True).tokens
+    assert len(plain) == 3
+    # as genai: without an assistant the fields change nothing (said, not refused)
+    with pytest.warns(RuntimeWarning, match="num_assistant_tokens=5 has no effect"):
+        assisted = static.generate(code_ids, max_new_tokens=3, ignore_eos=True, **LOOKUP)
+    assert assisted.tokens == plain
 
 
 @pytest.mark.parametrize("windows", [[None, None], [8, None]])

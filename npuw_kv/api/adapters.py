@@ -18,7 +18,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -190,8 +190,12 @@ class AdapterConfig:
 def _adapter(adapter: Any) -> Adapter:
     if isinstance(adapter, Adapter):
         return adapter
-    if type(adapter).__module__.startswith("openvino_genai"):
-        raise UsageError(GENAI_ADAPTER)
+    if type(adapter).__name__ == "Adapter" and type(adapter).__module__.startswith(
+        "openvino_genai"
+    ):
+        from .genai_objects import genai_adapter_path, our_adapter
+
+        return cast(Adapter, our_adapter(genai_adapter_path(adapter)))
     raise UsageError(f"expected an npuw_kv.Adapter, got {type(adapter).__name__}")
 
 
@@ -216,7 +220,15 @@ def adapter_config(value: Any) -> AdapterConfig | None:
     if isinstance(value, Adapter):
         return AdapterConfig(value)
     if type(value).__module__.startswith("openvino_genai"):
-        if type(value).__name__ == "AdapterConfig" and not value:
-            return AdapterConfig()  # genai's empty config: no adapter, nothing to read
+        if type(value).__name__ == "AdapterConfig":
+            from .genai_objects import genai_adapter_paths, our_adapter
+
+            # genai's config: the adapters read again from their files, with its alphas
+            pairs = [(our_adapter(p), alpha) for p, alpha in genai_adapter_paths(value)]
+            out = AdapterConfig()
+            out.set_adapters_and_alphas(pairs)
+            return out
+        if type(value).__name__ == "Adapter":
+            return AdapterConfig(_adapter(value))
         raise UsageError(GENAI_ADAPTER)
     raise UsageError(f"adapters: expected an npuw_kv.AdapterConfig, got {type(value).__name__}")

@@ -9,7 +9,7 @@ openvino-genai fails on it less clearly, and the tokenizer's own failures become
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,17 +26,21 @@ from .perf_metrics import CallTimer
 T = TypeVar("T")
 
 
-def load_tokenizer(model_dir: Path) -> openvino_genai.Tokenizer:
+def load_tokenizer(
+    model_dir: Path, properties: Mapping[Any, Any] | None = None
+) -> openvino_genai.Tokenizer:
     """openvino-genai's tokenizer of a model directory, without the length cut its IR bakes
     in (:mod:`npuw_kv.model.tokenizer_ir`: no prompt is cut silently); IRs that do not load
-    raise a ``ModelLoadError`` naming the directory."""
+    raise a ``ModelLoadError`` naming the directory.  ``properties``: what its IRs are
+    compiled with (genai's ``tokenizer_properties``)."""
+    props = {str(key): value for key, value in (properties or {}).items()}
     try:
-        tokenizer = openvino_genai.Tokenizer(str(model_dir))
+        tokenizer = openvino_genai.Tokenizer(str(model_dir), **props)
     except RuntimeError as exc:
         raise ModelLoadError(
             f"cannot load the tokenizer IRs in {model_dir} ({last_line(exc)})"
         ) from exc
-    whole = untruncated_tokenizer(model_dir, tokenizer)
+    whole = untruncated_tokenizer(model_dir, tokenizer, props)
     return tokenizer if whole is None else whole
 
 

@@ -119,7 +119,8 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     """``settings`` with genai's ``SchedulerConfig`` mapped onto ours, on the paged path only:
     ``enable_prefix_caching`` -> ``prefix_reuse``, ``max_num_batched_tokens`` -> the prefill
     chunk (at most MAX_PROMPT_LEN), ``num_kv_blocks`` -> KV blocks of 32 tokens (the room
-    beyond one sequence's becomes ``prefix_cache_tokens``, which then bounds the batch too),
+    beyond one sequence's becomes ``prefix_cache_tokens``, which then bounds the batch too;
+    fewer blocks than one sequence needs lower the sequence's lengths: :func:`_small_pools`),
     ``max_num_seqs`` -> the sequences a batched step runs at most (``cache_size``, in GB, is
     applied once the model's bytes per token are known: :func:`scheduler_cache_bytes`).
     Anything else set is refused, naming the field."""
@@ -154,16 +155,11 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
         mapped["prefill_chunk_size"] = ("max_num_batched_tokens", chunk)
         base = replace(base, prefill_chunk_size=chunk, max_prompt_len=base.requested_max_prompt_len)
     if scheduler.num_kv_blocks:
-        blocks = scheduler.num_kv_blocks
-        room = blocks * PAGED_BLOCK_TOKENS - base.total_len
-        if room < 0:
-            need = -(-base.total_len // PAGED_BLOCK_TOKENS)
-            raise UsageError(
-                f"scheduler_config.num_kv_blocks={blocks} holds {blocks * PAGED_BLOCK_TOKENS} "
-                f"tokens, fewer than one sequence's MAX_PROMPT_LEN + MIN_RESPONSE_LEN = "
-                f"{base.total_len}: give at least {need} blocks or lower max_prompt_len / "
-                "min_response_len"
-            )
+        tokens = scheduler.num_kv_blocks * PAGED_BLOCK_TOKENS
+        room = tokens - base.total_len
+        if room < 0:  # fewer blocks than one sequence of full length needs
+            mapped.update(_small_pools(base, tokens))
+            room = 0
         mapped["prefix_cache_tokens"] = ("num_kv_blocks", room)
     given = {PipelineConfig.setting_name(key): key for key in settings}
     out = dict(settings)  # with attention_backend='pa' when it was auto
@@ -176,6 +172,22 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
         out.pop(given.get(name, name), None)
         out[name] = value
     return out
+
+
+def _small_pools(base: PipelineConfig, tokens: int) -> dict[str, tuple[str, Any]]:
+    """Lengths for pools of ``tokens`` that hold less than one sequence of MAX_PROMPT_LEN +
+    MIN_RESPONSE_LEN: a sequence may hold the whole pools (so each fits alone), its prompt
+    all but one token of them (a chunk at most that long).  As in genai, requests that do
+    not fit together are preempted at run time, and those that cannot go on end with what
+    they generated (``Scheduler``'s ``OutOfRoom``)."""
+    prompt = min(base.max_prompt_len, tokens - 1)
+    chunk = min(base.prefill_chunk_size, prompt)
+    prompt = prompt // chunk * chunk
+    return {
+        "max_prompt_len": ("num_kv_blocks", prompt),
+        "prefill_chunk_size": ("num_kv_blocks", chunk),
+        "min_response_len": ("num_kv_blocks", tokens - prompt),
+    }
 
 
 def scheduler_cache_bytes(scheduler: Any, settings: Mapping[str, Any]) -> int:

@@ -293,11 +293,19 @@ class BeamJob:
         self.copied_bytes += scheduler.moved_bytes - moved
         for handle in self.live - set(handles):
             scheduler.finish(handle)
+        self.live = set(handles)  # before feeding: should a feed fail, close() ends these
         for beam, handle in zip(beams, handles, strict=True):
             beam.seq = handle
             scheduler.feed(handle, beam.tokens[-1])
-        self.live = set(handles)
         self.peak_blocks = max(self.peak_blocks, scheduler.distinct_blocks(handles))
+
+    def cut_short(self) -> list[GenerationResult]:
+        """The search ended where it is (the pools cannot hold its beams): its best
+        hypotheses so far, as when it reaches its budget."""
+        if self.search.running and self.steps:
+            self.search.finalize()
+        self.close()
+        return self._results()
 
     def close(self) -> None:
         """End every beam still live (finished, or the request was dropped)."""

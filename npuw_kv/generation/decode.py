@@ -21,6 +21,13 @@ from .logits_process import LogitsConstraint
 from .sampling import Sampler
 from .stopping import StopStrings, TokenOutput
 
+
+class OutOfKVRoom(Exception):  # noqa: N818 - a signal, thrown into a token loop
+    """Thrown into a token loop (:func:`decode_loop`) waiting for logits that will not come:
+    the pools cannot hold its sequence now.  The loop ends with what it generated, its finish
+    reason "length", as when the sequence fills its KV room."""
+
+
 # a callable taking text (wrapped in openvino-genai's TextStreamer) or a token-level
 # openvino_genai.StreamerBase; either may return None, a bool or a StreamingStatus
 Streamer = Any
@@ -58,8 +65,12 @@ def decode_loop(
     out = TokenOutput(tokenizer, streamer, stops, echo=prompt)
     stop_ids = set() if config.ignore_eos else config.stop_ids()
     start = time.perf_counter()
-    logits = yield None
-    first_logits = np.array(logits, copy=True)  # a scheduler step's rows live for one step
+    try:
+        logits = yield None
+    except OutOfKVRoom:
+        logits = None
+    # a scheduler step's rows live for one step
+    first_logits = None if logits is None else np.array(logits, copy=True)
     tokens: list[int] = []
     logprobs: list[float] = []
     top: list[list[tuple[int, float]]] = []
@@ -67,7 +78,7 @@ def decode_loop(
     stop_token: int | None = None
     finish = "length"
     ttft = decode_start = time.perf_counter() - start
-    while budget is None or len(tokens) < budget:
+    while logits is not None and (budget is None or len(tokens) < budget):
         choice = sampler.sample(logits, constraint)
         token = choice.token
         if not tokens:
@@ -96,7 +107,10 @@ def decode_loop(
         if remaining() <= 0 or at_limit:
             finish = "length"
             break
-        logits = yield token
+        try:
+            logits = yield token
+        except OutOfKVRoom:
+            break  # "length": no room for the sequence now
     text, kept = stops.cut(tokens)
     if prompt:  # genai decodes prompt and answer as one sequence
         answer = tokenizer.decode(tokens[:kept]) if kept else ""

@@ -10,12 +10,14 @@ was made from; :func:`draft_model` is ours, for code that imports npuw_kv only.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..api.genai_objects import mapped_model_dirs
 from ..errors import UsageError
 from ..runtime.runner import SPECULATIVE_PATH, Runner
 
@@ -44,8 +46,13 @@ _RECORDERS: list[Any] = []  # the wrappers installed as openvino_genai.draft_mod
 
 def record_genai_drafts() -> None:
     """Wrap ``openvino_genai.draft_model`` so the objects it returns (unchanged: genai's own
-    pipeline takes them as before) can be read back by :func:`resolve_draft`."""
+    pipeline takes them as before) can be read back by :func:`resolve_draft`; genai's
+    ``Adapter`` is recorded too (:func:`~npuw_kv.api.genai_objects.record_genai_adapters`)."""
     import openvino_genai
+
+    from ..api.genai_objects import record_genai_adapters
+
+    record_genai_adapters()
 
     original = openvino_genai.draft_model
     if original in _RECORDERS:  # wrapped already
@@ -73,11 +80,24 @@ def resolve_draft(value: Any) -> DraftModel:
     recorded = _GENAI_DRAFTS.get(id(value))
     if recorded is not None:
         return recorded
+    # made before npuw_kv was imported: the model directory genai keeps mapped for it
+    dirs = mapped_model_dirs() if type(value).__name__ == "OVAny" else []
+    if len(dirs) == 1:
+        warnings.warn(
+            f"draft_model: openvino_genai's object was made before npuw_kv could record it; "
+            f"it is read from {dirs[0]}, the one model directory it keeps mapped, on the main "
+            "model's device with the main model's properties (its own cannot be read: make "
+            "it after importing npuw_kv, or use npuw_kv.draft_model, to keep them)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return draft_model(dirs[0])
     raise UsageError(
         f"draft_model={type(value).__name__} cannot be read: openvino_genai.draft_model "
-        "returns an opaque object whose path Python cannot see, and this one was made before "
-        "npuw_kv could record it (import npuw_kv after openvino_genai, before calling "
-        "draft_model); or pass npuw_kv.draft_model(path, device) or the draft's directory"
+        "returns an opaque object whose path Python cannot see, this one was made before "
+        f"npuw_kv could record it, and {len(dirs)} model directories are mapped "
+        f"({', '.join(map(str, dirs)) or 'none'}): import npuw_kv before calling "
+        "draft_model, or pass npuw_kv.draft_model(path, device) or the draft's directory"
     )
 
 

@@ -27,8 +27,10 @@ from ..api.perf_metrics import CallTimer
 from ..errors import UsageError
 from ..runtime.paged.runner import PagedRunner
 from ..runtime.paged.scheduler import Scheduler
+from .assisted_lane import AssistedLane
 from .beam_search import check_beam_request
 from .logits_process import LogitsConstraint
+from .speculative import Assisted
 from .token_loops import BatchTimes, Outcome, TokenLoops
 
 REENTERED = (
@@ -124,14 +126,22 @@ class RunningBatch:
         split_fuse: bool = True,
         mode: Hashable = None,
         switch: Callable[[Any], None] | None = None,
+        assisted: Assisted | None = None,
     ) -> None:
         """``fit_pools``: grow the KV pools to hold the sequences that run at once (False:
         the user sized them; the scheduler preempts).  ``mode``: what the model computes with now
         (the LoRA alphas); sequences of another mode wait until the batch is empty, then
-        ``switch(mode)`` sets it (nothing may be live)."""
+        ``switch(mode)`` sets it (nothing may be live).  ``assisted``: the pipeline's
+        speculative decoding, if it has one: every request then runs in the assisted lane, one
+        at a time (:mod:`.assisted_lane`)."""
         self.runner = runner
         self.scheduler = Scheduler(runner, max_num_seqs, split_fuse=split_fuse)
-        self.loops = TokenLoops(self.scheduler, tokenizer, position_limit)
+        lane = (
+            AssistedLane(assisted, runner, tokenizer, position_limit)
+            if assisted is not None and assisted.mode is not None
+            else None
+        )
+        self.loops = TokenLoops(self.scheduler, tokenizer, position_limit, lane)
         self.fit_pools = fit_pools
         self._cond = threading.Condition()
         self._stepper: int | None = None  # the thread running a step
@@ -145,6 +155,11 @@ class RunningBatch:
     @property
     def busy(self) -> bool:
         return self.loops.running
+
+    @property
+    def requests(self) -> int:
+        """Calls (a ``ContinuousBatchingPipeline`` request each) with sequences still live."""
+        return len({id(ticket) for ticket in self._owner.values()})
 
     def add(
         self,
@@ -184,21 +199,26 @@ class RunningBatch:
         """Add the requests to the scheduler (between two steps): all of them or none."""
         if not self.busy:
             self.runner.release()  # a lone run's sequence: cached, not live
+        lane = self.loops.lane is not None  # each request runs alone: the pools hold one
         sizes = [(max(1, r.config.num_beams), self._tokens(r)) for r in requests]
-        if self.fit_pools and requests:
+        if self.fit_pools and requests and not lane:
             self._fit([*self._sizes.values(), *sizes], at_once)
         try:
             for r in requests:
-                handle = (
-                    self.loops.add_beams(r.ids, r.config, ticket.times)
-                    if r.config.num_beams > 1
-                    else self.loops.add(
+                if lane:
+                    handle = self.loops.add_assisted(
+                        r.ids, r.config, r.constraint, r.streamer, ticket.times
+                    )
+                elif r.config.num_beams > 1:
+                    handle = self.loops.add_beams(r.ids, r.config, ticket.times)
+                else:
+                    handle = self.loops.add(
                         r.ids, r.config, r.sample, r.constraint, r.streamer, r.held, ticket.times
                     )
-                )
                 ticket.handles.append(handle)
                 self._owner[handle] = ticket
-                self._sizes[handle] = sizes[len(ticket.handles) - 1]
+                if not lane:
+                    self._sizes[handle] = sizes[len(ticket.handles) - 1]
         except BaseException:
             for handle in ticket.handles:
                 self._drop(handle)
@@ -236,8 +256,8 @@ class RunningBatch:
 
     def step(self) -> None:
         """One step, if any sequence is live (genai's ``ContinuousBatchingPipeline.step``)."""
-        steps = self.scheduler.stats.steps
-        self._run_until(lambda: not self.busy or self.scheduler.stats.steps != steps)
+        steps = self.loops.steps
+        self._run_until(lambda: not self.busy or self.loops.steps != steps)
 
     # -- the protocol -------------------------------------------------------------------------
     def _refuse_reentry(self) -> None:
@@ -292,11 +312,12 @@ class RunningBatch:
             finally:
                 self._cond.notify_all()  # another thread may step now
 
-    def _record(self, tokens: dict[int, int], done: dict[int, Outcome]) -> None:
-        for handle, token in tokens.items():
+    def _record(self, tokens: dict[int, list[int]], done: dict[int, Outcome]) -> None:
+        for handle, chosen in tokens.items():
             ticket = self._owner.get(handle)
             if ticket is not None and ticket.on_token is not None:
-                ticket.on_token(handle, token)
+                for token in chosen:
+                    ticket.on_token(handle, token)
         for handle, outcome in done.items():
             self._sizes.pop(handle, None)
             ticket = self._owner.pop(handle, None)

@@ -19,6 +19,7 @@ strings, EOS, budgets, penalties, structured output and the streamer see one tok
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -216,10 +217,13 @@ def check_config(config: GenerationConfig, mode: str | None) -> None:
     cannot honour in ``config``."""
     given = assisted_fields(config)
     if mode is None:
-        if given:
-            raise UsageError(
-                f"{given[0]}={getattr(config, given[0])!r} needs assisted generation: create "
-                "the pipeline with prompt_lookup=True or draft_model=..."
+        if given:  # as genai: speculation changes no token, so without it the call decodes
+            warnings.warn(
+                f"{given[0]}={getattr(config, given[0])!r} has no effect: the pipeline has "
+                "neither a draft model nor prompt_lookup=True, so it decodes one token per "
+                "step (as openvino_genai does)",
+                RuntimeWarning,
+                stacklevel=4,
             )
         return
     for name in ("num_return_sequences", "num_beams"):  # as genai: one sequence verified

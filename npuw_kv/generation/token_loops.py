@@ -13,9 +13,10 @@ import numpy as np
 
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
-from ..runtime.paged.scheduler import Scheduler
+from ..runtime.paged.scheduler import OutOfRoom, Scheduler
+from .assisted_lane import AssistedLane
 from .beam_search import BeamJob
-from .decode import decode_loop, sample_rng
+from .decode import OutOfKVRoom, decode_loop, sample_rng
 from .logits_process import LogitsConstraint
 
 Loop = Generator[int | None, np.ndarray, GenerationResult]
@@ -44,13 +45,23 @@ failed)."""
 class TokenLoops:
     """Token loops whose logits come from one scheduler's steps: each added sample is a
     :func:`~.decode.decode_loop` and a sequence of the scheduler, fed the token its loop
-    chose.  An error in one loop ends that sequence only."""
+    chose.  An error in one loop ends that sequence only.  With ``lane``, requests added
+    with :meth:`add_assisted` run there, one at a time, in steps where no sequence of the
+    scheduler is live (:mod:`.assisted_lane`)."""
 
     def __init__(
-        self, scheduler: Scheduler, tokenizer: Any, position_limit: int | None = None
+        self,
+        scheduler: Scheduler,
+        tokenizer: Any,
+        position_limit: int | None = None,
+        lane: AssistedLane | None = None,
     ) -> None:
         self.scheduler, self.tokenizer = scheduler, tokenizer
         self.position_limit = position_limit
+        self.lane = lane
+        self.steps = 0  # steps run, the scheduler's and the lane's
+        self.last_requests = 0  # requests (a beam search: one) the last step ran
+        self.last_duration_us = 0.0  # its model call (the lane: its whole step)
         self.loops: dict[int, Loop] = {}  # scheduler handle -> its sequence's loop
         self.times: dict[int, BatchTimes] = {}  # loop's or beam search's handle -> its times
         self.jobs: dict[int, BeamJob] = {}  # beam search's handle (its root) -> the search
@@ -58,10 +69,11 @@ class TokenLoops:
 
     @property
     def running(self) -> bool:
-        return bool(self.loops or self.jobs)
+        return bool(self.loops or self.jobs) or (self.lane is not None and self.lane.running)
 
     def __contains__(self, handle: int) -> bool:
-        return handle in self.loops or handle in self.jobs
+        in_lane = self.lane is not None and handle in self.lane
+        return handle in self.loops or handle in self.jobs or in_lane
 
     def add(
         self,
@@ -109,14 +121,43 @@ class TokenLoops:
             self.times[job.root] = times
         return job.root
 
-    def step(self) -> tuple[dict[int, int], dict[int, Outcome]]:
-        """One scheduler step: the token each sequence chose (and was fed), and the outcomes of
-        those that finished (their blocks given back).  If the model call fails, every
-        sequence ends with its error; if it is interrupted (``KeyboardInterrupt``), none does."""
+    def add_assisted(
+        self,
+        ids: np.ndarray,
+        config: GenerationConfig,
+        constraint: LogitsConstraint | None = None,
+        streamer: Any = None,
+        times: BatchTimes | None = None,
+    ) -> int:
+        """An assisted request (prompt lookup, a draft model), run in the lane; its handle."""
+        if self.lane is None:
+            raise AssertionError("assisted request without an assisted lane")
+        handle = self.lane.add(ids, config, constraint, streamer, times)
+        if times is not None:
+            self.times[handle] = times
+        return handle
+
+    def step(self) -> tuple[dict[int, list[int]], dict[int, Outcome]]:
+        """One step: the tokens each sequence chose (and was fed; one, or an assisted
+        request's accepted candidates too), and the outcomes of those that finished (their
+        blocks given back).  If the model call fails, every sequence ends with its error;
+        if it is interrupted (``KeyboardInterrupt``), none does.  The lane's request runs
+        when no sequence of the scheduler is live."""
+        self.steps += 1
         start = time.perf_counter() * 1e6
+        if self.lane is not None and self.lane.running and not self.scheduler.busy:
+            chosen, ended = self.lane.step()
+            for handle in ended:
+                self.times.pop(handle, None)
+            self.last_requests, self.last_duration_us = 1, time.perf_counter() * 1e6 - start
+            return chosen, ended
         try:
             ready = self.scheduler.step()
             end = time.perf_counter() * 1e6
+            self.last_duration_us = end - start
+            self.last_requests = len(
+                {self.beams[h].root if h in self.beams else h for h in self.scheduler.scheduled}
+            )
             owners = [self.beams[h].root if h in self.beams else h for h in ready]
             for times in {
                 id(self.times[h]): self.times[h] for h in owners if h in self.times
@@ -124,16 +165,19 @@ class TokenLoops:
                 times.ends.append(end)
                 times.durations.append(end - start)
                 times.sizes.append(len(ready))
+        except OutOfRoom as full:  # as genai: the requests holding blocks end as they are
+            return {}, self._cut_short(full.holding)
         except Exception as exc:
             failed: dict[int, Outcome] = dict.fromkeys([*self.loops, *self.jobs], exc)
-            self.close()
+            for handle in failed:  # the lane's requests did not take part
+                self.drop(handle)
             return {}, failed
         except BaseException:
             # Ctrl-C landing in the model call: the step never happened, and every sequence
             # is read again at its next one (the caller decides whose call ends)
             self.scheduler.restart()
             raise
-        tokens: dict[int, int] = {}
+        tokens: dict[int, list[int]] = {}
         done: dict[int, Outcome] = {}
         for handle, logits in ready.items():
             if handle in self.beams:
@@ -162,9 +206,33 @@ class TokenLoops:
                 self.drop(handle)
                 continue
             assert token is not None
-            tokens[handle] = token
+            tokens[handle] = [token]
             self.scheduler.feed(handle, token)
         return tokens, done
+
+    def _cut_short(self, holding: Sequence[int]) -> dict[int, Outcome]:
+        """End the requests of these sequences with what they generated so far (a token loop's
+        tokens, a beam search's best hypotheses); their blocks go back."""
+        done: dict[int, Outcome] = {}
+        for handle in holding:
+            job = self.beams.get(handle)
+            if job is not None:
+                if job.root not in done:
+                    done[job.root] = job.cut_short()
+                    self.drop(job.root)
+                continue
+            loop = self.loops.get(handle)
+            if loop is None:
+                continue
+            try:
+                loop.throw(OutOfKVRoom())
+                raise AssertionError("a token loop went on after OutOfKVRoom")
+            except StopIteration as stop:
+                done[handle] = stop.value
+            except BaseException as exc:  # noqa: BLE001 - its streamer, this sequence only
+                done[handle] = exc
+            self.drop(handle)
+        return done
 
     def _track(self, job: BeamJob) -> None:
         """Map the search's live beams (some forked, some ended this step) to it."""
@@ -175,11 +243,15 @@ class TokenLoops:
     def drop(self, handle: int) -> None:
         """End a request now (finished, stopped, cancelled or failed): its blocks go back."""
         times = self.times.pop(handle, None)
+        if self.lane is not None and handle in self.lane:
+            self.lane.drop(handle)
+            return
         job = self.jobs.pop(handle, None)
         if job is not None:
             if times is not None:
                 times.beam_steps += job.steps
-                times.preemptions += sum(self.scheduler.live[h].preemptions for h in job.live)
+                live = self.scheduler.live
+                times.preemptions += sum(live[h].preemptions for h in job.live if h in live)
             job.close()
             for beam in [h for h, j in self.beams.items() if j is job]:
                 del self.beams[beam]
@@ -195,6 +267,8 @@ class TokenLoops:
         """End every request still running (after an error)."""
         for handle in [*self.loops, *self.jobs]:
             self.drop(handle)
+        if self.lane is not None:
+            self.lane.close()
 
 
 def generate_batch(

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -40,11 +42,13 @@ def length_cuts(model: ov.Model) -> list[ov.Node]:
 
 
 def untruncated_tokenizer(
-    model_dir: Path, original: openvino_genai.Tokenizer
+    model_dir: Path,
+    original: openvino_genai.Tokenizer,
+    properties: Mapping[str, Any] | None = None,
 ) -> openvino_genai.Tokenizer | None:
     """openvino-genai's tokenizer of ``model_dir`` (``original``, loaded from it) with its
     length cut lifted (None: the graph has no cut we know, or it could not be rebuilt, which
-    is warned about)."""
+    is warned about); compiled with ``properties`` as the original was."""
     xml, detok = model_dir / "openvino_tokenizer.xml", model_dir / "openvino_detokenizer.xml"
     if not xml.is_file() or not detok.is_file():
         return None
@@ -78,6 +82,7 @@ def untruncated_tokenizer(
             ov.Tensor(weights),
             detok.read_text(encoding="utf-8"),
             ov.Tensor(np.fromfile(detok.with_suffix(".bin"), np.uint8)),
+            **(properties or {}),
         )
     except (RuntimeError, OSError, ImportError) as exc:
         warnings.warn(

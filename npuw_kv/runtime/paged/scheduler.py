@@ -10,7 +10,11 @@ the budget is smaller than a chunk.
 
 When the pools run out of blocks, the newest sequence is preempted: its blocks go back to the
 manager (its full blocks stay cached) and it waits, keeping its tokens, to be run again from
-the longest cached prefix (recompute, as vLLM does).
+the longest cached prefix (recompute, as vLLM does).  When no sequence can run at all (the
+pools a user sized hold the admitted sequences, none of which has a token to run: the beams of
+a search waiting for each other), a step raises :class:`OutOfRoom`, naming the sequences that
+hold blocks; the caller ends their requests with what they generated, as genai does when it
+is out of memory.
 """
 
 from __future__ import annotations
@@ -25,6 +29,18 @@ import numpy as np
 from ...errors import CapacityError, UsageError
 from ...kv.blocks import OutOfBlocksError, PriorityRange
 from .runner import SYSTEM_PRIORITY, PagedRunner
+
+
+class OutOfRoom(RuntimeError):
+    """No sequence could run in the pools: ``holding`` are the handles of the sequences that
+    hold blocks (the waiting one that could not be admitted when none does)."""
+
+    def __init__(self, holding: list[int]) -> None:
+        super().__init__(
+            "no sequence could run: the KV pools hold none of them (num_kv_blocks / "
+            "cache_size too small for the requests together)"
+        )
+        self.holding = holding
 
 
 @dataclass
@@ -77,6 +93,7 @@ class Live:
     key: Hashable = None  # its block-manager sequence while admitted
     computed: int = 0
     preemptions: int = 0
+    given: int = -1  # its tokens when its last logits were handed out (it may be fed then)
 
     @property
     def admitted(self) -> bool:
@@ -120,6 +137,7 @@ class Scheduler:
             raise UsageError(f"max_num_batched_tokens must be >= 1, got {self.budget}")
         self.live: dict[int, Live] = {}
         self.waiting: deque[Live] = deque()
+        self.scheduled: list[int] = []  # the sequences the last step ran
         self._handles = itertools.count()
         self._keys = itertools.count()
         self.stats = StepStats()
@@ -140,7 +158,7 @@ class Scheduler:
     def feed(self, handle: int, token: int) -> None:
         """The sequence's next token, chosen from the logits its last step gave."""
         seq = self.live[handle]
-        if seq.waiting_for_logits:
+        if seq.given != len(seq.tokens):  # (preempted since, it is read again: that is fine)
             raise RuntimeError(f"sequence {handle} was fed before its logits came")
         if len(seq.tokens) >= self.runner.capacity:
             raise CapacityError.cache_full(self.runner.capacity)
@@ -151,9 +169,10 @@ class Scheduler:
         from then on.  Its KV comes from the block manager's fork (full blocks shared, the
         others copied), or, when the pools lack the blocks, it waits and is computed again."""
         parent = self.live[handle]
-        if parent.waiting_for_logits:
+        if parent.given != len(parent.tokens):
             raise RuntimeError(f"sequence {handle} is forked between its token and its logits")
         child = Live(next(self._handles), list(parent.tokens), parent.prompt_len, parent.held)
+        child.given = parent.given
         self.live[child.handle] = child
         if not parent.admitted:
             self.waiting.append(child)
@@ -195,16 +214,20 @@ class Scheduler:
         must outlive it (a copy of every row costs a batch measurable time)."""
         with self.runner.writing():
             plan = self._schedule()
-            if not plan:
-                raise RuntimeError("no sequence could run: the KV pools hold none of them")
-            parts = [(seq.key, np.asarray(seq.tokens[b:e], np.int64), b) for seq, b, e in plan]
-            logits = self.runner.last_logits(parts)  # valid until the next step (see above)
+            if plan:
+                parts = [(s.key, np.asarray(s.tokens[b:e], np.int64), b) for s, b, e in plan]
+                logits = self.runner.last_logits(parts)  # valid until the next step (see above)
+        if not plan:  # nothing was registered: the cached blocks stay
+            holding = [s.handle for s in self.live.values() if s.admitted]
+            raise OutOfRoom(holding or [s.handle for s in list(self.waiting)[:1]])
         self.stats.steps += 1
         self.stats.peak_batch = max(self.stats.peak_batch, len(plan))
+        self.scheduled = [seq.handle for seq, _, _ in plan]
         out: dict[int, np.ndarray] = {}
         for (seq, _, end), row in zip(plan, logits, strict=True):
             seq.computed = end
             if end == len(seq.tokens):
+                seq.given = end
                 out[seq.handle] = row
         return out
 
@@ -249,9 +272,7 @@ class Scheduler:
                     max_hit_tokens=start,
                 )
             except OutOfBlocksError:
-                if plan or self._admitted():
-                    break  # room comes back as the running sequences finish
-                raise
+                break  # room comes back as the running sequences finish (else: OutOfRoom)
             if reused != start:
                 self.runner.blocks.remove_sequence(key)
                 raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
