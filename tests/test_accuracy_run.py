@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from npuw_kv.cli.commands import main
+from npuw_kv.tools.accuracy import run as accuracy_run
 from npuw_kv.tools.accuracy.modes import PEER_SLACK
 from npuw_kv.tools.accuracy.peers import gate_against_peer
 from npuw_kv.tools.accuracy.report import table
@@ -16,8 +17,72 @@ from npuw_kv.tools.accuracy.result import Result
 from npuw_kv.tools.accuracy.run import _run_one
 
 
+def _key(*parts) -> tuple:
+    return tuple(tuple(int(t) for t in p) if not isinstance(p, int) else p for p in parts)
+
+
+class _Memo:
+    """Calls of one reference object remembered by their arguments (they are deterministic:
+    exact f32, greedy); each answer is handed out as a copy."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.answers: dict[tuple, object] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def generate(self, ids, new_tokens: int) -> list[int]:
+        key = ("generate", *_key(ids, new_tokens))
+        if key not in self.answers:
+            self.answers[key] = self.inner.generate(ids, new_tokens)
+        return list(self.answers[key])  # type: ignore[call-overload]
+
+    def run(self, prompt, continuation):
+        key = ("run", *_key(prompt, continuation))
+        if key not in self.answers:
+            self.answers[key] = self.inner.run(prompt, continuation)
+        ppl, logits = self.answers[key]  # type: ignore[misc]
+        return ppl, logits.copy()
+
+
+@pytest.fixture(scope="module")
+def shared_references():
+    """The references each ``npuw-kv accuracy`` run in this file computes again for the same
+    model and prompt (openvino-genai's greedy tokens, the stateful IR's logits, transformers
+    on the GGUF: together about half of a 1024-token run), computed once for the file.  Only
+    the tool's exact-f32 references are shared (same model, same properties); peers at other
+    properties and every configuration under test still run in each test."""
+    made: dict[tuple, _Memo] = {}
+
+    def shared(cls):
+        def build(model_dir, *args, **kwargs):
+            key = (cls.__name__, str(model_dir), args, tuple(sorted(kwargs.items())))
+            if key not in made:
+                made[key] = _Memo(cls(model_dir, *args, **kwargs))
+            return made[key]
+
+        return build
+
+    def load_torch(source):
+        key = ("torch", str(source))
+        if key not in made:
+            loaded = real_load_torch(source)
+            if isinstance(loaded, Exception):
+                return loaded  # not remembered: each run reports its own failure
+            made[key] = _Memo(loaded)
+        return made[key]
+
+    real_load_torch = accuracy_run.load_torch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accuracy_run, "GenaiReference", shared(accuracy_run.GenaiReference))
+        patch.setattr(accuracy_run, "StatefulReference", shared(accuracy_run.StatefulReference))
+        patch.setattr(accuracy_run, "load_torch", load_torch)
+        yield made
+
+
 @pytest.mark.slow(seconds=390)
-def test_reduced_matrix_within_tolerance(tmp_path, capsys):
+def test_reduced_matrix_within_tolerance(tmp_path, capsys, shared_references):
     out = tmp_path / "acc"
     code = main(
         [
@@ -69,7 +134,9 @@ def test_reduced_matrix_within_tolerance(tmp_path, capsys):
     assert (out / "accuracy.png").stat().st_size > 10_000
 
 
-def test_a_failed_configuration_is_reported_and_the_rest_still_runs(tmp_path, capsys):
+def test_a_failed_configuration_is_reported_and_the_rest_still_runs(
+    tmp_path, capsys, shared_references
+):
     """A prompt the text cannot fill fails its configuration, not the run; an unknown mode is a
     usage error before anything runs."""
     out = tmp_path / "acc"
@@ -88,8 +155,8 @@ def test_a_failed_configuration_is_reported_and_the_rest_still_runs(tmp_path, ca
     assert "CPU/exact/C256/70000" in capsys.readouterr().err
 
 
-@pytest.mark.slow(seconds=90)
-def test_device_default_errs_no_more_than_the_plugin_itself(tmp_path):
+@pytest.mark.slow(seconds=60)  # its 1024-token references are shared (shared_references)
+def test_device_default_errs_no_more_than_the_plugin_itself(tmp_path, shared_references):
     """At the CPU's defaults (bf16 compute, int8 dynamic quantization) greedy tokens leave the
     f32 reference after a few steps.  That is the plugin's arithmetic, not our rewrites: the
     untouched stateful IR compiled with the same defaults (the ``ir-default`` peer) has the same
