@@ -138,6 +138,22 @@ def test_kv_capacity_ends_with_length(smol_dir, text_ids):
     assert len(again.tokens) == 3
 
 
+@pytest.mark.parametrize("backend", ["pa", "sdpa"])
+def test_a_stop_token_alone_ends_at_the_kv_capacity(smol_dir, text_ids, backend):
+    """genai's test_sampling `stop_token_ids`: no length limit, only a stop token that never
+    comes (nor the EOS); the answer ends at the sequence's room ("length"), no crash, and the
+    pipeline goes on."""
+    pipe = make_pipe(smol_dir, "CPU", attention_backend=backend)
+    never = pipe.engine.vocab_size - 1
+    ids = text_ids(pipe.config.max_prompt_len - 8)
+    result = pipe.generate(ids, stop_token_ids={never}, eos_token_id=never)
+    assert result.finish_reason == "length" and never not in result.tokens
+    # the room each path gives a sequence: at least MIN_RESPONSE_LEN + 1, at most the cache
+    assert len(result.tokens) >= pipe.config.min_response_len + 1
+    assert len(ids) + len(result.tokens) <= pipe.config.total_len + 1
+    assert len(pipe.generate(text_ids(5), max_new_tokens=3, ignore_eos=True).tokens) == 3
+
+
 @pytest.mark.device_defaults
 def test_auto_kv_precision_is_lossless_at_device_defaults(smol_dir, text_ids):
     """On the static-shape path ``auto`` stores KV in the CPU's compute precision (bf16 where
