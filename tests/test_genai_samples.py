@@ -98,3 +98,10 @@ def test_exact_precision_reaches_what_a_sample_makes(tmp_path: Path):
     properties = launch(tmp_path, "module swap", "exact", draft)[0]  # a draft compiles nothing
     assert "'DYNAMIC_QUANTIZATION_GROUP_SIZE': '0'" in properties
     assert "'INFERENCE_PRECISION_HINT': 'f32'" in properties
+
+
+def test_beam_scores_are_compared_to_four_places():
+    sample = genai_samples.SAMPLES["beam_search_causal_lm"]
+    ours = genai_samples.compared_text(sample, "-0.719923: The sky\n-0.5: x\n")
+    assert ours == genai_samples.compared_text(sample, "-0.719925: The sky\n-0.5: x\n")
+    assert ours != genai_samples.compared_text(sample, "-0.721925: The sky\n-0.5: x\n")
