@@ -51,6 +51,7 @@ GENAI_TYPES = (
     "DeepSeekR1ReasoningIncrementalParser",
     "DeepSeekR1ReasoningParser",
     "GenerationFinishReason",
+    "GenerationResult",  # ContinuousBatchingPipeline's results are shaped as it is
     "GenerationStatus",
     "IncrementalParser",
     "KVCrushAnchorPointMode",
@@ -86,7 +87,6 @@ OWN_NAMES = (
     "DecodedResults",
     "EncodedResults",
     "GenerationConfig",
-    "GenerationResult",
     "LLMPipeline",
     "PerfMetrics",
     "draft_model",
@@ -104,7 +104,6 @@ __all__ = [
     "DraftModel",
     "EncodedResults",
     "GenerationConfig",
-    "GenerationResult",
     "LLMPipeline",
     "MeanStdPair",
     "ModelLayoutError",
@@ -127,7 +126,7 @@ _RESULTS = ("DecodedResults", "EncodedResults", "PerfMetrics", "TextResult")
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `npuw_kv.kv.blocks` (pure numpy) can be imported without OpenVINO.
-    if name in ("LLMPipeline", "GenerationResult"):
+    if name == "LLMPipeline":
         from . import pipeline
 
         return getattr(pipeline, name)

@@ -137,3 +137,14 @@ def test_an_eviction_or_sparse_attention_config_is_refused_by_field(field: str):
     )
     with pytest.raises(npuw_kv.UsageError, match=f"scheduler_config.{field}"):
         scheduler_settings(scheduler, "CPU", {"attention_backend": "pa"})
+
+
+def test_generation_result_is_genais_as_genais_test_helpers_build_it():
+    import openvino_genai
+
+    import npuw_kv
+
+    result = npuw_kv.GenerationResult()  # genai's tests fill one in field by field
+    result.m_generation_ids = ["a", "b"]
+    assert result.m_generation_ids == ["a", "b"]
+    assert npuw_kv.GenerationResult is openvino_genai.GenerationResult
