@@ -31,6 +31,16 @@ from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 CHUNK = 256
 MAX_PROMPT = 1024
 MIN_RESPONSE = 64
+# the NPU path on the tiny model: chunks of 16, exact f32, and NPUW's partitioning off (it
+# cannot run these tiny graphs: test_tiny_model.py)
+TINY_CHUNK = 16
+TINY_NPU: dict = dict(
+    prefill_chunk_size=TINY_CHUNK,
+    max_prompt_len=4 * TINY_CHUNK,
+    min_response_len=24,
+    NPUW_ONLINE_PIPELINE="NONE",
+    **EXACT_F32,
+)
 
 
 @pytest.fixture(scope="session")

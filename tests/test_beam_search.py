@@ -11,20 +11,14 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
-from conftest import make_pipe
+from conftest import TINY_NPU, make_pipe
 
 from npuw_kv.api.generation_config import GenerationConfig
-from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.kv.blocks.sequence import blocks_for
 from npuw_kv.pipeline import LLMPipeline
 
 BEAMS = {"num_beams": 4, "num_return_sequences": 4, "max_new_tokens": 16}
 SCORE_TOL = 1e-5  # float32 sums of log-probs; measured differences are <= 1.2e-7
-# the NPU path on the tiny model: exact f32, NPUW's partitioning off (test_tiny_model.py)
-TINY_NPU = dict(
-    prefill_chunk_size=16, max_prompt_len=64, min_response_len=24,
-    NPUW_ONLINE_PIPELINE="NONE", **EXACT_F32,
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 import pytest
+from conftest import TINY_CHUNK, TINY_NPU
 
-from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import CompileError
 from npuw_kv.kv.memory import PAGE, aligned_zeros
 from npuw_kv.model.empty_inputs import drop_empty_inputs
@@ -28,15 +28,7 @@ from npuw_kv.runtime.npu_rules import (
     page_aligned,
 )
 
-C = 16
-# exact f32, and NPUW's partitioning off (it cannot run these tiny graphs: test_tiny_model.py)
-NPU = dict(
-    prefill_chunk_size=C,
-    max_prompt_len=4 * C,
-    min_response_len=24,
-    NPUW_ONLINE_PIPELINE="NONE",
-    **EXACT_F32,
-)
+C, NPU = TINY_CHUNK, TINY_NPU
 
 
 def _ids(n: int, seed: int = 1) -> np.ndarray:

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import openvino as ov
 import pytest
+from conftest import TINY_CHUNK, TINY_NPU
 
 from npuw_kv.config.decide import Decided, decide
 from npuw_kv.config.pipeline_config import PipelineConfig
-from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.model.source import read_ir
 from npuw_kv.model.variants import prepare
 from npuw_kv.pipeline import LLMPipeline
@@ -22,14 +22,7 @@ from npuw_kv.runtime import npu_strides
 from npuw_kv.runtime.device import device_properties
 from npuw_kv.runtime.npu_strides import KEY, kv_port_names, strides_supported, with_chosen_strides
 
-C = 16
-NPU = dict(
-    prefill_chunk_size=C,
-    max_prompt_len=4 * C,
-    min_response_len=24,
-    NPUW_ONLINE_PIPELINE="NONE",
-    **EXACT_F32,
-)
+C, NPU = TINY_CHUNK, TINY_NPU
 
 
 class _Core:

@@ -316,24 +316,38 @@ class BeamJob:
 
     def _results(self) -> list[GenerationResult]:
         decode_s = time.perf_counter() - self.start - self.ttft
-        results = []
-        for hyp in self.search.results():
-            text, kept = self.stops.cut(hyp.tokens)
-            results.append(
-                GenerationResult(
-                    hyp.tokens[:kept],
-                    text,
-                    hyp.finish,
-                    int(self.ids.size),
-                    self.ttft,
-                    decode_s,
-                    self.first_logits,
-                    [float(p) for p in hyp.logprobs[:kept]],
-                    [],
-                    self.search.score(hyp),
-                )
+        return hypothesis_results(
+            self.search, self.stops, int(self.ids.size), self.ttft, decode_s, self.first_logits
+        )
+
+
+def hypothesis_results(
+    search: GroupBeamSearch,
+    stops: StopStrings,
+    prompt_tokens: int,
+    ttft: float,
+    decode_s: float,
+    first_logits: np.ndarray | None,
+) -> list[GenerationResult]:
+    """The search's finished hypotheses as results, best first, each cut at its stop string."""
+    results = []
+    for hyp in search.results():
+        text, kept = stops.cut(hyp.tokens)
+        results.append(
+            GenerationResult(
+                hyp.tokens[:kept],
+                text,
+                hyp.finish,
+                prompt_tokens,
+                ttft,
+                decode_s,
+                first_logits,
+                [float(p) for p in hyp.logprobs[:kept]],
+                [],
+                search.score(hyp),
             )
-        return results
+        )
+    return results
 
 
 def check_beam_request(config: GenerationConfig, streamer: Any, constraint: Any) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..runtime.runner import Runner
-from .beam_search import GroupBeamSearch, check_beam_request
+from .beam_search import GroupBeamSearch, check_beam_request, hypothesis_results
 from .stopping import StopStrings
 
 
@@ -61,9 +61,7 @@ class BeamsAlone:
             search.select(rows)
             beams = search.running
             grown = len(beams[0].tokens) if beams else 0
-            if not beams or (self.budget is not None and grown >= self.budget):
-                break
-            if grown >= room:
+            if not beams or grown >= room or (self.budget is not None and grown >= self.budget):
                 break
             rows = {}
             for beam in sorted(beams, key=lambda b: b.tokens):  # common tails in a row
@@ -72,7 +70,8 @@ class BeamsAlone:
                 rows[serial] = self._feed(self.prompt + beam.tokens)
         if beams:
             search.finalize()
-        return self._results(search, ttft, time.perf_counter() - start - ttft, first)
+        decode_s = time.perf_counter() - start - ttft
+        return hypothesis_results(search, self.stops, len(self.prompt), ttft, decode_s, first)
 
     def _feed(self, tokens: list[int]) -> np.ndarray:
         """The logits after ``tokens``, with the runner's cache holding them afterwards."""
@@ -84,28 +83,6 @@ class BeamsAlone:
             logits = self.runner.prefill(np.asarray(tokens, np.int64))
         self.cached = list(tokens)
         return logits
-
-    def _results(
-        self, search: GroupBeamSearch, ttft: float, decode_s: float, first: np.ndarray
-    ) -> list[GenerationResult]:
-        results = []
-        for hyp in search.results():
-            text, kept = self.stops.cut(hyp.tokens)
-            results.append(
-                GenerationResult(
-                    hyp.tokens[:kept],
-                    text,
-                    hyp.finish,
-                    len(self.prompt),
-                    ttft,
-                    decode_s,
-                    first,
-                    [float(p) for p in hyp.logprobs[:kept]],
-                    [],
-                    search.score(hyp),
-                )
-            )
-        return results
 
 
 def beams_alone(
