@@ -72,8 +72,10 @@ def test_messages_roles_and_text_parts():
     image = [{"type": "image_url", "image_url": {"url": "x"}}]
     err = refused(chat_job, {"model": "smollm2", "messages": [{"role": "user", "content": image}]})
     assert err.param == "messages[0].content[0]" and "image_url" in err.message
-    err = refused(chat_job, {"model": "smollm2", "messages": [{**USER[0], "name": "bob"}]})
-    assert err.param == "messages[0].name"
+    named = chat_job({"model": "smollm2", "messages": [{**USER[0], "name": "bob"}]}, MODELS)
+    assert named.inputs[0]["name"] == "bob"  # OpenAI's participant name, for the template
+    err = refused(chat_job, {"model": "smollm2", "messages": [{**USER[0], "audio": {"id": "a"}}]})
+    assert err.param == "messages[0].audio"
 
 
 def test_response_formats():
@@ -161,6 +163,7 @@ FIELDS = [
     "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed",
     "stop", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "stream",
     "stream_options", "response_format", "top_k", "min_p", "tools", "prompt", "echo", "best_of",
+    "tool_choice", "parallel_tool_calls",
 ]  # fmt: skip
 
 

@@ -15,6 +15,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .api_error import ApiError, bad
+from .chat_messages import read_messages
+from .tools import ChatFormat, ToolRequest, read_tool_request
+
 MAX_CHOICES = 16  # ``n``: more answers per request than this is refused
 MAX_TOKENS = 2**63 - 1  # what a generation config's max_new_tokens holds
 MAX_STOPS = 4  # as OpenAI
@@ -23,9 +27,6 @@ MAX_COMPLETION_LOGPROBS = 5  # completions' ``logprobs``, as OpenAI
 
 # OpenAI fields with no meaning here: refused with the reason
 _REFUSED = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
     "logit_bias": "logit_bias is not supported",
@@ -44,41 +45,11 @@ _COMMON = {
     "stop", "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty",
     "ignore_eos", "logprobs",
 }  # fmt: skip
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format"}
+_CHAT = _COMMON | {
+    "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls",
+}  # fmt: skip
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of"}
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class ApiError(Exception):
-    """A request the server answers with an error: HTTP ``status`` and OpenAI's error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        *,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.kind, self.code, self.headers = kind, code, headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, message, param)
 
 
 @dataclass
@@ -95,6 +66,8 @@ class Job:
     include_usage: bool = False
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token
     model: str = ""
+    tools: ToolRequest | None = None  # a chat's tools (and how they may be used)
+    format: ChatFormat | None = None  # how the served model's template writes calls and thoughts
 
     @property
     def answers(self) -> int:
@@ -112,10 +85,16 @@ def read_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def chat_job(body: dict[str, Any], models: tuple[str, ...]) -> Job:
-    """A ``/v1/chat/completions`` body as a :class:`Job`."""
+def chat_job(
+    body: dict[str, Any], models: tuple[str, ...], chat_format: ChatFormat | None = None
+) -> Job:
+    """A ``/v1/chat/completions`` body as a :class:`Job`; ``chat_format``: what the served
+    model's chat template does with tools (none: tools go to the template as given)."""
     _check_fields(body, _CHAT)
-    job = Job(True, _messages(body.get("messages")), 1)
+    messages = read_messages(body.get("messages"))
+    chat_format = chat_format or ChatFormat()
+    tools = read_tool_request(body)
+    job = Job(True, chat_format.chat_inputs(messages, tools), 1, tools=tools, format=chat_format)
     _common(job, body, models)
     max_tokens = _opt_int(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is not None:
@@ -126,6 +105,13 @@ def chat_job(body: dict[str, Any], models: tuple[str, ...]) -> Job:
     elif top is not None:
         raise bad("top_logprobs", "top_logprobs needs logprobs: true")
     fmt = _response_format(body.get("response_format"))
+    if tools is not None and tools.constrained:
+        if fmt is not None:
+            raise bad("response_format", "response_format cannot be combined with tool_choice "
+                      f"{tools.choice!r}: the answer is then the tool call's JSON")  # fmt: skip
+        import openvino_genai
+
+        fmt = openvino_genai.StructuredOutputConfig(json_schema=json.dumps(tools.schema()))
     if fmt is not None:
         job.config["structured_output_config"] = fmt
     return job
@@ -242,41 +228,6 @@ def _common(job: Job, body: dict[str, Any], models: tuple[str, ...]) -> None:
             raise bad("stop", f"stop must be a non-empty string or a list of at most {MAX_STOPS}")
         if stops:
             cfg["stop_strings"] = set(stops)
-
-
-def _messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        raise bad("messages", "messages must be a non-empty list of {'role', 'content'} objects")
-    out = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad(where, f"{where} must be an object with role and content")
-        extra = sorted(k for k, v in message.items() if k not in ("role", "content") and v)
-        if extra:
-            raise bad(f"{where}.{extra[0]}", f"{where}.{extra[0]} is not supported")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise bad(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}")
-        out.append({"role": _ROLES[role], "content": _content(message.get("content"), where)})
-    return out
-
-
-def _content(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for j, part in enumerate(value):
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise bad(f"{where}.content[{j}]", f"only text content is supported, got {kind}")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise bad(f"{where}.content[{j}].text", "a text part needs a string text")
-            parts.append(text)
-        return "".join(parts)
-    raise bad(f"{where}.content", f"{where}.content must be a string or a list of text parts")
 
 
 def _response_format(value: Any) -> Any:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .protocol import Job
+from .tool_text import AnswerShape
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_call": "tool_calls"}
 
@@ -25,6 +26,14 @@ class Reply:
         self.id = new_id(job)
         self.created = int(time.time())
         self.object = "chat.completion" if job.chat else "text_completion"
+        # a chat's answers read for tool calls and <think> blocks (none: text as it comes)
+        fmt = job.format
+        shaped = job.chat and fmt is not None and (job.tools is not None or fmt.thinks)
+        self.shapes = (
+            [AnswerShape(job.tools, fmt.parser, fmt.thinks) for _ in range(job.answers)]
+            if shaped and fmt is not None
+            else []
+        )
 
     def _head(self, chunk: bool = False) -> dict[str, Any]:
         kind = self.object + (".chunk" if chunk and self.job.chat else "")
@@ -36,12 +45,16 @@ class Reply:
         choices = []
         for index, result in enumerate(results):
             choice: dict[str, Any] = {"index": index}
-            if self.job.chat:
+            finish = FINISH.get(result.finish_reason, "stop")
+            if self.shapes:
+                choice["message"], called = self.shapes[index].message(result.text)
+                finish = "tool_calls" if called else finish
+            elif self.job.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
             else:
                 choice["text"] = result.text
             choice["logprobs"] = self.logprobs(result)
-            choice["finish_reason"] = FINISH.get(result.finish_reason, "stop")
+            choice["finish_reason"] = finish
             choices.append(choice)
         return {**self._head(), "choices": choices, "usage": self.usage(results)}
 
@@ -64,15 +77,16 @@ class Reply:
         finish: str | None = None,
         logprobs: Any = None,
         role: bool = False,
+        delta: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One choice's piece of the stream: its role first (chat), then text, then the
         finish reason (with the answer's log-probabilities, when asked for)."""
         choice: dict[str, Any] = {"index": index}
         if self.job.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            fields: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
-                delta["content"] = text
-            choice["delta"] = delta
+                fields["content"] = text
+            choice["delta"] = {**fields, **(delta or {})}
         else:
             choice["text"] = text or ""
         choice["logprobs"] = logprobs
@@ -81,6 +95,22 @@ class Reply:
         if self.job.include_usage:
             out["usage"] = None
         return out
+
+    def pieces(self, index: int, text: str) -> list[dict[str, Any]]:
+        """The :meth:`chunk` fields for answer ``index``'s next ``text`` (held back while it
+        may be the start of a tool call or of a ``<think>`` mark)."""
+        if not self.shapes:
+            return [{"text": text}]
+        return [{"delta": delta} for delta in self.shapes[index].feed(text)]
+
+    def last_pieces(self, index: int, result: Any) -> tuple[list[dict[str, Any]], str]:
+        """The :meth:`chunk` fields answer ``index`` still owes before its finish (held text,
+        its tool calls), and its finish reason."""
+        finish = FINISH.get(result.finish_reason, "stop")
+        if not self.shapes:
+            return [], finish
+        deltas, called = self.shapes[index].end(result.text)
+        return [{"delta": delta} for delta in deltas], "tool_calls" if called else finish
 
     def usage_chunk(self, results: Sequence[Any]) -> dict[str, Any]:
         return {**self._head(chunk=True), "choices": [], "usage": self.usage(results)}
