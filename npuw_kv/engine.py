@@ -37,7 +37,7 @@ from .config.decide import cpu_precision, npuw_uses_cpu
 from .config.pipeline_config import PipelineConfig
 from .config.settings import label
 from .errors import NumericError, UsageError
-from .generation import speculative
+from .generation import prompt_scores, speculative
 from .generation.beams_alone import beams_alone
 from .generation.decode import Streamer, generate_sequences
 from .generation.running_batch import REENTERED, RunningBatch, SequenceRequest, Ticket, requests
@@ -192,6 +192,11 @@ class Engine:
         self.assisted.check(config)  # assisted-generation fields need prompt_lookup / a draft
         request = read_inputs(inputs, self.vocab_size)
         check_request(request, config, streamer, chatting)
+        prompt_scores.check(
+            config,
+            paged=isinstance(self.runner, PagedRunner),
+            full_logits=self.config.full_prefill_logits,
+        )
         return config, alphas, request
 
     def alphas(self, config: GenerationConfig) -> Alphas | None:

@@ -102,6 +102,39 @@ def reference_logits(smol_dir: Path):
     return run
 
 
+@pytest.fixture(scope="session")
+def prompt_logprobs_reference(smol_dir: Path):
+    """``run(ids)``: each token's log-probability after the first under the original stateful
+    IR's logits (every row, exact f32), what echo with logprobs must give; and the likeliest
+    token after each position but the last."""
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(str(smol_dir / "openvino_model.xml")),
+        "CPU",
+        {**EXACT_F32, "KV_CACHE_PRECISION": "f32"},
+    )
+    request = compiled.create_infer_request()
+
+    def run(ids) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        request.reset_state()
+        n = len(ids)
+        request.infer(
+            {
+                "input_ids": ids[None],
+                "attention_mask": np.ones((1, n), np.int64),
+                "position_ids": np.arange(n, dtype=np.int64)[None],
+                "beam_idx": np.zeros(1, np.int32),
+            }
+        )
+        logits = request.get_tensor("logits").data[0].astype(np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        logs = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+        return logs[np.arange(n - 1), ids[1:]], logs[:-1].argmax(axis=1)
+
+    return run
+
+
 _PIPES: dict[tuple, LLMPipeline] = {}
 REPORT: list[str] = []  # lines for the end-of-run summary (e.g. max |dlogit| per case)
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from npuw_kv.serve.protocol import (
     MAX_CHOICES,
+    MAX_STOPS,
     ApiError,
     chat_job,
     completion_job,
@@ -99,10 +100,11 @@ def test_completion_fields():
     assert job.config["apply_chat_template"] is False and job.config["logprobs"] == 2
     assert completion_job({"model": "smollm2", "prompt": "a", "echo": True}, MODELS).config["echo"]
     for body, param in [
-        ({"prompt": [1, 2]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [[1], [2, True]]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": "a", "logprobs": 9}, "logprobs"),
-        ({"prompt": "a", "echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
         ({"prompt": "a", "best_of": 3}, "best_of"),
         ({"prompt": "a", "suffix": "z"}, "suffix"),
         ({"prompt": ["a"] * (MAX_CHOICES + 1)}, "prompt"),
@@ -123,7 +125,7 @@ def test_completion_fields():
         ({"top_p": 0}, "top_p"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [str(i) for i in range(MAX_STOPS + 1)]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop": 5}, "stop"),
         ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs

@@ -27,6 +27,12 @@ class GenerationResult:
     score: float = 0.0
     # the stop token that ended the sequence (not in ``tokens``; genai counts it as generated)
     stop_token: int | None = None
+    # with ``echo`` and ``logprobs`` > 0 (npuw_kv.generation.prompt_scores): the prompt's ids,
+    # each one's log-probability under the model (None for the first: nothing predicts it) and
+    # its ``logprobs`` likeliest alternatives
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+    prompt_logprobs: list[float | None] = field(default_factory=list, repr=False)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list, repr=False)
 
     @property
     def genai_tokens(self) -> list[int]:

@@ -26,6 +26,7 @@ from ..api.generation_result import GenerationResult
 from ..runtime.paged.runner import PagedRunner
 from .decode import decode_loop, sample_rng
 from .logits_process import LogitsConstraint
+from .prompt_scores import PromptScores, wanted
 from .speculative import Assisted, SpeculativeRunner
 
 # what a job yields per step: the tokens it chose (and fed) in that step
@@ -59,6 +60,11 @@ class AssistedJob:
         """Yield after the prompt and after each later main-model call."""
         spec = assisted.runner(runner, self.config)
         assert isinstance(spec, SpeculativeRunner)  # the lane exists when the pipeline speculates
+        scores = (
+            PromptScores(self.ids.reshape(-1), self.config.logprobs)
+            if wanted(self.config)
+            else None
+        )
         loop = decode_loop(
             tokenizer,
             self.ids,
@@ -68,9 +74,10 @@ class AssistedJob:
             limit,
             self.constraint,
             sample_rng(self.config.rng_seed, 0),
+            scores,
         )
         next(loop)
-        logits = spec.prefill(self.ids)
+        logits = spec.prefill(self.ids, None if scores is None else scores.add)
         yield []
         chosen: list[int] = []
         while True:

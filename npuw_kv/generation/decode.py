@@ -18,6 +18,7 @@ from ..api.generation_result import GenerationResult
 from ..errors import UsageError
 from ..runtime.runner import Runner
 from .logits_process import LogitsConstraint
+from .prompt_scores import PromptScores, wanted
 from .sampling import Sampler
 from .stopping import StopStrings, TokenOutput
 
@@ -42,6 +43,7 @@ def decode_loop(
     position_limit: int | None = None,
     constraint: LogitsConstraint | None = None,
     rng: np.random.Generator | None = None,
+    scores: PromptScores | None = None,
 ) -> Generator[int | None, np.ndarray, GenerationResult]:
     """One sequence's token loop, driven from outside: it yields None for the prompt's logits,
     then each chosen token whose next logits it needs, and returns the sequence's result.
@@ -51,7 +53,8 @@ def decode_loop(
     ``position_limit``: the model's trained context; generation stops (``"length"``) when the
     prompt and the answer fill it, as it does when the KV cache is full.  ``constraint``
     restricts each next token (structured output) and ends generation when it is done.
-    ``rng``: the sample's random generator (:func:`sample_rng`).
+    ``rng``: the sample's random generator (:func:`sample_rng`).  ``scores``: the prompt's
+    log-probabilities, which the driver fills from the prefill's rows (echo with logprobs).
     """
     if config.structured_output_config is not None and constraint is None:
         raise UsageError(
@@ -118,7 +121,7 @@ def decode_loop(
     finish = out.close(tokens, kept, text, finish)
     decode_s = time.perf_counter() - start - decode_start
     score = float(sum(logprobs[:kept])) + stop_logprob
-    return GenerationResult(
+    result = GenerationResult(
         tokens[:kept],
         text,
         finish,
@@ -131,6 +134,12 @@ def decode_loop(
         score,
         stop_token,
     )
+    if scores is not None and logits is not None:  # (no logits: the prompt was not read)
+        scores.check_complete()
+        result.prompt_ids = list(scores.ids)
+        result.prompt_logprobs = list(scores.logprobs)
+        result.prompt_top_logprobs = [list(t) for t in scores.tops]
+    return result
 
 
 def generate_tokens(
@@ -144,7 +153,10 @@ def generate_tokens(
     rng: np.random.Generator | None = None,
 ) -> GenerationResult:
     """Run ``ids`` through ``runner`` and generate one sequence (:func:`decode_loop`),
-    whatever ``num_return_sequences`` says (:func:`generate_sequences` runs that many)."""
+    whatever ``num_return_sequences`` says (:func:`generate_sequences` runs that many).
+    With echo and logprobs, the prefill hands every prompt row's logits to the prompt's
+    scores (:mod:`.prompt_scores`)."""
+    scores = PromptScores(ids.reshape(-1), config.logprobs) if wanted(config) else None
     loop = decode_loop(
         tokenizer,
         ids,
@@ -154,9 +166,10 @@ def generate_tokens(
         position_limit,
         constraint,
         rng,
+        scores,
     )
     next(loop)
-    logits = runner.prefill(ids)
+    logits = runner.prefill(ids, None if scores is None else scores.add)
     try:
         while True:
             token = loop.send(logits)

@@ -18,6 +18,7 @@ from .assisted_lane import AssistedLane
 from .beam_search import BeamJob
 from .decode import OutOfKVRoom, decode_loop, sample_rng
 from .logits_process import LogitsConstraint
+from .prompt_scores import PromptScores, wanted
 
 Loop = Generator[int | None, np.ndarray, GenerationResult]
 
@@ -88,7 +89,9 @@ class TokenLoops:
         """Sample ``sample`` of prompt ``ids`` (its own random generator,
         :func:`~.decode.sample_rng`), its text streamed to ``streamer``, its first ``held``
         tokens kept cached at a chat system prompt's priority; its scheduler handle."""
-        handle = self.scheduler.submit([int(t) for t in ids.reshape(-1)], held)
+        prompt = [int(t) for t in ids.reshape(-1)]
+        scores = PromptScores(prompt, config.logprobs) if wanted(config) else None
+        handle = self.scheduler.submit(prompt, held, scores)
         loop = decode_loop(
             self.tokenizer,
             ids,
@@ -98,6 +101,7 @@ class TokenLoops:
             self.position_limit,
             constraint,
             sample_rng(config.rng_seed, sample),
+            scores,
         )
         try:
             next(loop)

@@ -21,7 +21,7 @@ from .tools import ChatFormat, ToolRequest, read_tool_request
 
 MAX_CHOICES = 16  # ``n``: more answers per request than this is refused
 MAX_TOKENS = 2**63 - 1  # what a generation config's max_new_tokens holds
-MAX_STOPS = 4  # as OpenAI
+MAX_STOPS = 32  # stop strings per request (OpenAI takes 4, vLLM has no limit; lm-eval sends 5+)
 MAX_TOP_LOGPROBS = 20  # chat's ``top_logprobs``, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # completions' ``logprobs``, as OpenAI
 
@@ -58,13 +58,16 @@ class Job:
     prompts), the generation fields, and how the answer is to be shaped."""
 
     chat: bool
-    inputs: Any  # chat: a list of {"role", "content"}; completions: a str or a list of them
+    # chat: a list of {"role", "content"}; completions: a str, a list of them, or token-id
+    # prompts as genai's TokenizedInputs (one row each, right-padded, with its attention mask)
+    inputs: Any
     prompts: int  # how many prompts ``inputs`` holds
     config: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields
     n: int = 1
     stream: bool = False
     include_usage: bool = False
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token
+    echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens scored too
     model: str = ""
     tools: ToolRequest | None = None  # a chat's tools (and how they may be used)
     format: ChatFormat | None = None  # how the served model's template writes calls and thoughts
@@ -121,32 +124,72 @@ def completion_job(body: dict[str, Any], models: tuple[str, ...]) -> Job:
     """A ``/v1/completions`` body as a :class:`Job`."""
     _check_fields(body, _COMPLETION)
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        job = Job(False, prompt, 1)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        job = Job(False, list(prompt), len(prompt))
-    else:
-        raise bad("prompt", "prompt must be a string or a non-empty list of strings")
-    if job.prompts > MAX_CHOICES:
-        raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {job.prompts}")
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    empty = [i for i, text in enumerate(prompts) if not text]
-    if empty:  # a completion continues text: an empty one has nothing to continue
-        where = "prompt" if isinstance(prompt, str) else f"prompt[{empty[0]}]"
-        raise bad(where, f"{where} is empty: give the text to continue")
+    job = Job(False, *_prompts(prompt))
     _common(job, body, models)
     job.config["apply_chat_template"] = False
     top = _opt_int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     if top is not None:
         _want_logprobs(job, top)
     if _opt_bool(body, "echo"):
-        if top is not None:
-            raise bad("echo", "echo with logprobs is not supported (no prompt log-probabilities)")
         job.config["echo"] = True
+        # the prompt's own log-probabilities (genai's echo with logprobs): what lm-eval scores
+        job.echo_logprobs = top is not None
     best_of = _opt_int(body, "best_of", 1)
     if best_of is not None and best_of != job.n:
         raise bad("best_of", f"best_of must equal n ({job.n}): ranking extra answers is not done")
     return job
+
+
+def _prompts(prompt: Any) -> tuple[Any, int]:
+    """A completion's ``prompt`` as the pipeline's input and how many prompts it holds: a
+    string, a list of strings, one prompt's token ids, or a list of them (as OpenAI and
+    vLLM take them); none empty, at most MAX_CHOICES."""
+    if isinstance(prompt, str):
+        texts: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        texts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
+        texts = [prompt]
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and all(_is_id(t) for t in p) for p in prompt)
+    ):
+        texts = list(prompt)
+    else:
+        raise bad("prompt", "prompt must be a string, a non-empty list of strings, a list of "
+                  "token ids (integers), or a list of such lists")  # fmt: skip
+    if len(texts) > MAX_CHOICES:
+        raise bad("prompt", f"at most {MAX_CHOICES} prompts per request, got {len(texts)}")
+    empty = [i for i, text in enumerate(texts) if not text]
+    if empty:  # a completion continues text: an empty one has nothing to continue
+        where = "prompt" if isinstance(prompt, str) or texts[0] is prompt else f"prompt[{empty[0]}]"
+        raise bad(where, f"{where} is empty: give the text (or token ids) to continue")
+    if isinstance(texts[0], str):
+        return (prompt if isinstance(prompt, str) else texts), len(texts)
+    return _token_rows(texts), len(texts)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_rows(rows: list[list[int]]) -> Any:
+    """Token-id prompts as genai's ``TokenizedInputs``: one right-padded row each, its
+    attention mask marking its tokens (ids outside the vocabulary are the pipeline's 400)."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    width = max(len(row) for row in rows)
+    ids = np.zeros((len(rows), width), np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for i, row in enumerate(rows):
+        if any(not -(2**63) <= t < 2**63 for t in row):
+            raise bad("prompt", "a token id in prompt is outside the vocabulary")
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(mask))
 
 
 def _want_logprobs(job: Job, top: int) -> None:
@@ -188,7 +231,11 @@ def _common(job: Job, body: dict[str, Any], models: tuple[str, ...]) -> None:
         job.include_usage = bool(_opt_bool(options, "include_usage", "stream_options."))
     job.n = _opt_int(body, "n", 1, MAX_CHOICES) or 1
     cfg["num_return_sequences"] = job.n
-    max_tokens = _opt_int(body, "max_tokens", 1, MAX_TOKENS)
+    max_tokens = _opt_int(body, "max_tokens", 0, MAX_TOKENS)
+    if max_tokens == 0 and (job.chat or body.get("echo") is not True):
+        # as genai, vLLM and OpenAI: no new token is only a prompt scored with echo
+        raise bad("max_tokens", "max_tokens must be >= 1 (0 only on /v1/completions with "
+                  "echo: true, which scores the prompt without generating)")  # fmt: skip
     if max_tokens is not None:
         cfg["max_new_tokens"] = max_tokens
     temperature = _opt_float(body, "temperature", 0.0, 2.0)
@@ -225,7 +272,8 @@ def _common(job: Job, body: dict[str, Any], models: tuple[str, ...]) -> None:
             or len(stops) > MAX_STOPS
             or not all(isinstance(s, str) and s for s in stops)
         ):
-            raise bad("stop", f"stop must be a non-empty string or a list of at most {MAX_STOPS}")
+            raise bad("stop", f"stop must be a non-empty string or a list of at most {MAX_STOPS} "
+                      "of them")  # fmt: skip
         if stops:
             cfg["stop_strings"] = set(stops)
 

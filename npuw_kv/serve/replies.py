@@ -122,9 +122,17 @@ class Reply:
         if top_n is None:
             return None
         tokens = list(result.tokens)
-        chosen = [float(p) for p in result.logprobs]
-        tops = [list(t)[:top_n] for t in result.top_logprobs] or [[] for _ in tokens]
-        texts = self._texts({*tokens, *(t for top in tops for t, _ in top)})
+        chosen: list[float | None] = [float(p) for p in result.logprobs]
+        tops: list[Any] = [list(t)[:top_n] for t in result.top_logprobs] or [[] for _ in tokens]
+        if self.job.echo_logprobs:  # the prompt's tokens first, the first one unscored
+            prompt = list(result.prompt_ids)
+            if len(result.prompt_logprobs) != len(prompt) or not prompt:
+                raise RuntimeError("echo with logprobs: the prompt was not scored")
+            tokens = prompt + tokens
+            chosen = [None if p is None else float(p) for p in result.prompt_logprobs] + chosen
+            tops = [None, *(list(t)[:top_n] for t in result.prompt_top_logprobs[1:]), *tops]
+        listed = (t for top in tops if top for t, _ in top)
+        texts = self._texts({*tokens, *listed})
         if self.job.chat:
             return {
                 "content": [
@@ -142,7 +150,9 @@ class Reply:
         return {
             "tokens": [texts[t] for t in tokens],
             "token_logprobs": chosen,
-            "top_logprobs": [{texts[t]: p for t, p in top} for top in tops] if top_n else None,
+            "top_logprobs": [None if top is None else {texts[t]: p for t, p in top} for top in tops]
+            if top_n
+            else None,
             "text_offset": offsets,
         }
 
@@ -155,5 +165,5 @@ class Reply:
         return dict(zip(order, decoded, strict=True))
 
 
-def _token(text: str, logprob: float) -> dict[str, Any]:
+def _token(text: str, logprob: float | None) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}

@@ -227,12 +227,15 @@ class PagedRunner(Runner):
             return True
         return False
 
-    def run(self, parts: Sequence[tuple[Hashable, np.ndarray, int]], rows: int = 1) -> np.ndarray:
+    def run(
+        self, parts: Sequence[tuple[Hashable, np.ndarray, int]], rows: int | Sequence[int] = 1
+    ) -> np.ndarray:
         """One call over the new tokens of several sequences, a subsequence each: ``parts``
         are ``(sequence, its new ids, tokens it has cached)``.  The logits of each part's last
-        ``rows`` tokens, in order (the model's LM head runs on those only); where the model
-        keeps the head on every token (``full_prefill_logits``), every token's.  The array is
-        the request's own: copy what must outlive the next call."""
+        ``rows`` tokens (one count for all, or one per part), in order (the model's LM head
+        runs on those only); where the model keeps the head on every token
+        (``full_prefill_logits``), every token's.  The array is the request's own: copy what
+        must outlive the next call."""
         lengths = [int(ids.size) for _, ids, _ in parts]
         pasts = [past for _, _, past in parts]
         totals = [past + n for past, n in zip(pasts, lengths, strict=True)]
@@ -256,8 +259,12 @@ class PagedRunner(Runner):
             **tables,
         }
         if self._rows_input:
+            counts = [rows] * len(parts) if isinstance(rows, int) else list(rows)
             inputs[LOGITS_ROWS] = np.concatenate(
-                [np.arange(end - min(rows, n), end) for end, n in zip(ends, lengths, strict=True)]
+                [
+                    np.arange(end - min(r, n), end)
+                    for end, n, r in zip(ends, lengths, counts, strict=True)
+                ]
             ).astype(np.int64)
         self.request.infer(inputs)
         logits = self.request.get_tensor("logits").data
@@ -271,6 +278,20 @@ class PagedRunner(Runner):
             logits = logits[np.cumsum([ids.size for _, ids, _ in parts]) - 1]
         return logits
 
+    def rows_logits(
+        self, parts: Sequence[tuple[Hashable, np.ndarray, int]], rows: Sequence[int]
+    ) -> np.ndarray:
+        """:meth:`run` with each part's last ``rows[i]`` rows (a step where some sequence
+        scores its prompt: every row of its chunk), concatenated in order; the request's own
+        output where the head gathered them, valid until the next call."""
+        logits = self.run(parts, rows)
+        if not self._rows_input:  # full logits: pick the rows
+            ends = np.cumsum([ids.size for _, ids, _ in parts])
+            logits = logits[
+                np.concatenate([np.arange(e - r, e) for e, r in zip(ends, rows, strict=True)])
+            ]
+        return logits
+
     def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
         """The lone sequence's call: ``[rows, vocab]`` (``[n, vocab]`` with full logits)."""
         return self.run([(self._seq, ids, past)], rows)
@@ -280,7 +301,8 @@ class PagedRunner(Runner):
 
         Chunks end where a fresh run's do (multiples of C), so every block is written in the
         same calls as in a fresh run: a u8 block's scales depend on that.
-        ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`.
+        ``on_chunk(positions, logits)`` as in :meth:`StaticRunner.prefill`, with every row of
+        each chunk (the head gathers them); the prompt is then run whole, no prefix reused.
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
         self.check_prompt(ids.size)
@@ -290,7 +312,8 @@ class PagedRunner(Runner):
             self._seq += 1
             prompt = ids.tolist()
             # whole blocks, >= 1 token left to run
-            start = self.blocks.lookup(prompt).hit_tokens if self.prefix_reuse else 0
+            reuse = self.prefix_reuse and on_chunk is None  # every row wanted: none cached
+            start = self.blocks.lookup(prompt).hit_tokens if reuse else 0
             self.reused_tokens = start
             held, self._held = self._held // self.cache.block_size * self.cache.block_size, 0
             self.held_tokens = held
@@ -301,13 +324,13 @@ class PagedRunner(Runner):
             for begin, end in zip(edges, edges[1:], strict=False):
                 if begin == start:
                     reused = self.blocks.add_sequence(
-                        self._seq, prompt[:end], priority, reuse=self.prefix_reuse
+                        self._seq, prompt[:end], priority, reuse=reuse
                     )
                     if reused != start:  # the device is told `start` tokens are cached
                         raise RuntimeError(f"block manager reused {reused} tokens, not {start}")
                 else:
                     self.blocks.add_tokens(self._seq, prompt[begin:end])
-                logits = self._infer(ids[begin:end], begin)
+                logits = self._infer(ids[begin:end], begin, 1 if on_chunk is None else end - begin)
                 if on_chunk is not None:
                     positions = np.arange(begin, end)[-logits.shape[0] :]
                     on_chunk(positions, logits)

@@ -23,6 +23,7 @@ import itertools
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -94,6 +95,13 @@ class Live:
     computed: int = 0
     preemptions: int = 0
     given: int = -1  # its tokens when its last logits were handed out (it may be fed then)
+    # echo with logprobs: the prompt's scores (generation.prompt_scores.PromptScores), filled
+    # from every row of its prompt's chunks; its prompt is read whole, no cached prefix used
+    scores: Any = None
+
+    @property
+    def scoring(self) -> bool:
+        return self.scores is not None and not self.scores.complete
 
     @property
     def admitted(self) -> bool:
@@ -144,13 +152,14 @@ class Scheduler:
         runner.release()  # a lone sequence left over from an earlier call: cached, not live
 
     # -- the caller's side ----------------------------------------------------------------------
-    def submit(self, tokens: list[int], held: int = 0) -> int:
+    def submit(self, tokens: list[int], held: int = 0, scores: Any = None) -> int:
         """A new sequence: ``tokens`` is its prompt, of which the first ``held`` (whole
-        blocks of them) stay cached at SYSTEM_PRIORITY; it waits until there is room."""
+        blocks of them) stay cached at SYSTEM_PRIORITY; it waits until there is room.
+        ``scores`` (a ``PromptScores``): the prompt's rows are handed to its ``add``."""
         self.runner.check_prompt(len(tokens))
         block = self.runner.cache.block_size
         held = min(max(0, int(held)), len(tokens)) // block * block
-        seq = Live(next(self._handles), list(tokens), len(tokens), held)
+        seq = Live(next(self._handles), list(tokens), len(tokens), held, scores=scores)
         self.live[seq.handle] = seq
         self.waiting.append(seq)
         return seq.handle
@@ -216,7 +225,10 @@ class Scheduler:
             plan = self._schedule()
             if plan:
                 parts = [(s.key, np.asarray(s.tokens[b:e], np.int64), b) for s, b, e in plan]
-                logits = self.runner.last_logits(parts)  # valid until the next step (see above)
+                if any(s.scoring for s, _, _ in plan):
+                    logits = self._scored(plan, parts)
+                else:
+                    logits = self.runner.last_logits(parts)  # valid until the next step
         if not plan:  # nothing was registered: the cached blocks stay
             holding = [s.handle for s in self.live.values() if s.admitted]
             raise OutOfRoom(holding or [s.handle for s in list(self.waiting)[:1]])
@@ -230,6 +242,19 @@ class Scheduler:
                 seq.given = end
                 out[seq.handle] = row
         return out
+
+    def _scored(
+        self, plan: list[tuple[Live, int, int]], parts: list[tuple[Any, np.ndarray, int]]
+    ) -> np.ndarray:
+        """A step in which some sequence scores its prompt: every row of its chunk is run
+        through the head and handed to its scores; each part's last row returned."""
+        rows = [e - b if s.scoring and b < s.prompt_len else 1 for s, b, e in plan]
+        logits = self.runner.rows_logits(parts, rows)
+        ends = np.cumsum(rows)
+        for (seq, begin, end), count, stop in zip(plan, rows, ends, strict=True):
+            if seq.scoring and begin < seq.prompt_len:
+                seq.scores.add(np.arange(end - count, end), logits[stop - count : stop])
+        return logits[ends - 1]
 
     def _schedule(self) -> list[tuple[Live, int, int]]:
         """The step's subsequences ``(sequence, begin, end)``, their blocks registered."""
@@ -301,7 +326,7 @@ class Scheduler:
 
     def _hit(self, seq: Live) -> int:
         """Tokens of ``seq`` the cache already holds (whole blocks, one token left to run)."""
-        if not self.runner.prefix_reuse:
+        if not self.runner.prefix_reuse or seq.scoring:  # a scored prompt: every row is run
             return 0
         return int(self.runner.blocks.lookup(seq.tokens).hit_tokens)
 

@@ -310,7 +310,8 @@ class StaticRunner(Runner):
 
         ``on_chunk(positions, logits)`` is called after each chunk with the prompt positions of
         its real rows and their logits (all rows when the model was prepared with full prefill
-        logits, else only the last row) — what prompt perplexity needs.
+        logits, else only the last row) — what prompt perplexity needs; the prompt is then run
+        whole, no cached prefix reused.
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
         self.check_prompt(ids.size)
@@ -328,7 +329,7 @@ class StaticRunner(Runner):
                 self.layout.rings,
                 self.prefix_store,
             )
-            if self.prefix_reuse
+            if self.prefix_reuse and on_chunk is None  # every row wanted: none from the cache
             else (PromptPlan(int(ids.size), self.shapes.chunk), False)
         )
         # the slots a continuation keeps, in the prefill models' layout (mixed layouts only)
