@@ -293,6 +293,21 @@ def _gemma3(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict
     return transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, extra
 
 
+def _gpt_oss(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # attention sinks (a learned logit per head that takes part in softmax), alternating
+    # sliding-window and full layers, a mixture of experts, biased attention
+    kinds = ["sliding_attention", "full_attention"] * layers
+    extra = {
+        "head_dim": 16,
+        "sliding_window": window,
+        "layer_types": kinds[:layers],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    }
+    return transformers.GptOssConfig, transformers.GptOssForCausalLM, extra
+
+
 # arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
 ARCHS = {
     "llama": _llama,
@@ -312,6 +327,7 @@ ARCHS = {
     "glm4": _glm4,
     "gemma2": _gemma2,
     "gemma3": _gemma3,
+    "gpt_oss": _gpt_oss,
 }
 
 

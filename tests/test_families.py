@@ -33,6 +33,7 @@ from npuw_kv.errors import ModelLayoutError
 from npuw_kv.model.head import head_matmul
 from npuw_kv.model.source import resolve_model
 from npuw_kv.model.transforms import lm_head_on_last
+from npuw_kv.model.variants import prepare
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from make_tiny_gguf import make_tiny_gguf  # noqa: E402
@@ -62,6 +63,7 @@ FAMILIES = {
     "glm4": (0.3, 3),  # rotary on half of each head, post-norms, untied head
     "phi": (0.3, 3),  # Phi-2: attention and MLP side by side, a biased untied head
     "gemma2": (0.05, 5),  # softcapped logits (tanh) and attention, alternating windows
+    "gpt_oss": (0.3, 3),  # attention sinks, alternating windows, a mixture of experts
 }
 
 
@@ -116,6 +118,28 @@ def test_each_export_gives_the_torch_models_tokens(family_dir, prompt, genai_tok
         at = next(i for i, (a, b) in enumerate(zip(theirs, genai_tokens, strict=True)) if a != b)
         logits = out.logits[at][0]
         assert abs(float(logits[theirs[at]] - logits[genai_tokens[at]])) < TORCH_TIE, at
+
+
+def _attention_inputs(model: ov.Model) -> list[list[str]]:
+    """Each attention op's inputs past the query, key, value, mask and scale (a sink), as the
+    names of the nodes that give them."""
+    return [
+        [op.input(i).get_source_output().get_node().get_friendly_name()
+         for i in range(5, op.get_input_size())]
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "ScaledDotProductAttention"
+    ]  # fmt: skip
+
+
+def test_prepare_keeps_every_input_of_every_attention_op(family_dir):
+    """The rewrites of attention (GQA folded, scale moved to the query, rings, windows) keep
+    each op's every input: gpt-oss's sinks (a sixth input) were dropped, and its sdpa and NPU
+    paths gave other tokens from the 17th on, with no error."""
+    before = ov.Core().read_model(family_dir / "openvino_model.xml")
+    kept = _attention_inputs(before)
+    after, _ = prepare(ov.Core().read_model(family_dir / "openvino_model.xml"))
+    assert _attention_inputs(after) == kept
+    assert any(kept) == (family_dir.name.startswith("gpt_oss"))  # the matrix has a sink model
 
 
 @pytest.mark.parametrize("path", list(PATHS))

@@ -30,7 +30,8 @@ def test_static_reshape_needs_the_gqa_broadcast_fix(smol_model):
     broken = smol_model.clone()
     with pytest.raises(Exception, match="Broadcast"):
         T.set_shapes(broken, layout, 64, 256, 192)
-    assert A.fix_gqa_broadcast(smol_model) == 60  # K and V of 30 layers
+    # K and V of 30 layers: the literal 0 (sequence) and the length taken from a shape (batch)
+    assert A.fix_gqa_broadcast(smol_model) == 120
     T.set_shapes(smol_model, layout, 64, 256, 192)
     assert smol_model.outputs[1].get_partial_shape().is_static
 

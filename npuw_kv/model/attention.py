@@ -16,7 +16,9 @@ def fix_gqa_broadcast(model: ov.Model) -> int:
     The GGUF-converted IR expands KV heads with a bidirectional Broadcast whose target shape is
     a Concat holding a literal 0 in the sequence slot.  With a dynamic sequence that slips
     through; with a static one shape inference refuses it (target 0 vs. 1024).  A 1 broadcasts
-    to the same result, so the constant is replaced.
+    to the same result, so the constant is replaced, and so is a length the export computes
+    from other tensors' shapes (gpt-oss: another layer's past, which after the static reshape
+    need not be this layer's).
     """
     fixed = 0
     for node in model.get_ordered_ops():
@@ -27,15 +29,33 @@ def fix_gqa_broadcast(model: ov.Model) -> int:
         target = node.input(1).get_source_output().get_node()
         if target.get_type_name() != "Concat":
             continue
+        # a GQA expansion (KV heads unsqueezed, then broadcast to the group): only its group
+        # axis grows, so a target length equal to the input's may as well be 1
+        expands = node.input(0).get_source_output().get_node().get_type_name() == "Unsqueeze"
+        dims = node.input(0).get_partial_shape()
+        axis = 0
         for port in target.inputs():
             src = port.get_source_output().get_node()
-            if src.get_type_name() != "Constant":
-                continue
-            value = src.get_data()
-            if value.size == 1 and int(value.reshape(-1)[0]) == 0:
-                one = ops.constant(np.ones_like(value))
-                port.replace_source_output(one.output(0))
-                fixed += 1
+            size = port.get_partial_shape()
+            width = size[0].get_length() if size.rank.is_static and size[0].is_static else None
+            if src.get_type_name() == "Constant":
+                value = src.get_data()
+                if value.size == 1 and int(value.reshape(-1)[0]) == 0:
+                    one = ops.constant(np.ones_like(value))
+                    port.replace_source_output(one.output(0))
+                    fixed += 1
+            elif expands and width == 1 and dims.rank.is_static and axis < dims.rank.get_length():
+                # a computed length (gpt-oss: the sequence, from another layer's past and the
+                # input's length): after the static reshape it need not be this layer's (a
+                # sliding-window ring), and 1 broadcasts to the input's own length anyway
+                dim = dims[axis]
+                if not (dim.is_static and dim.get_length() == 1):
+                    one = np.ones(1, port.get_element_type().to_dtype())
+                    port.replace_source_output(ops.constant(one).output(0))
+                    fixed += 1
+            if width is None:
+                break  # the axes of the entries after this one are not known
+            axis += width
     model.validate_nodes_and_infer_types()
     return fixed
 
@@ -63,6 +83,10 @@ def fold_gqa_into_attention(model: ov.Model) -> int:
             or q_shape.rank.get_length() != 4
             or mask.get_partial_shape().rank.get_length() != 4
         ):
+            continue
+        if sdpa.get_input_size() > 5:
+            # a sink (gpt-oss: a learned logit per query head in the softmax) is per head;
+            # folded heads share rows, so that attention keeps its expanded KV
             continue
         kv_heads = key.get_partial_shape()[1]
         q_heads, head_dim = q_shape[1], q_shape[3]
@@ -114,14 +138,17 @@ def scale_query_for_attention(model: ov.Model) -> int:
             scale = ops.constant(np.array(1 / np.sqrt(head_dim.get_length()), np.float32)).output(0)
         if scale.get_element_type() != dtype:
             scale = ops.convert(scale, dtype).output(0)
-        one = ops.convert(ops.constant(np.array(1, np.float32)), dtype)
-        ins = [sdpa.input(i).get_source_output() for i in range(1, 4)]
-        causal = bool(sdpa.get_attributes().get("causal", False))
-        attn = ops.scaled_dot_product_attention(
-            ops.multiply(query, scale), *ins, one, causal=causal
-        )
-        attn.set_friendly_name(sdpa.get_friendly_name())
-        sdpa.output(0).replace(attn.output(0))
+        one = ops.convert(ops.constant(np.array(1, np.float32)), dtype).output(0)
+        scaled = ops.multiply(query, scale).output(0)
+        if sdpa.get_input_size() > 4:  # the op kept, and with it every input (a sink too)
+            sdpa.input(0).replace_source_output(scaled)
+            sdpa.input(4).replace_source_output(one)
+        else:
+            ins = [sdpa.input(i).get_source_output() for i in range(1, 4)]
+            causal = bool(sdpa.get_attributes().get("causal", False))
+            attn = ops.scaled_dot_product_attention(scaled, *ins, one, causal=causal)
+            attn.set_friendly_name(sdpa.get_friendly_name())
+            sdpa.output(0).replace(attn.output(0))
         rewritten += 1
     model.validate_nodes_and_infer_types()
     return rewritten
