@@ -65,6 +65,7 @@ def _api_key(given: str | None) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
+        from ..serve.guard import GuardSettings
         from ..serve.server import serve
     except ModuleNotFoundError as exc:
         cli_io.error(
@@ -76,6 +77,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pipe = _load(args)
     live = int(pipe.kv_stats()["max_live_sequences"])
     model_id = args.served_model_name or _model_id(args.model_source)
+    guard = GuardSettings(
+        host=args.host,
+        allowed_hosts=tuple(_listed(args.allowed_hosts)),
+        allowed_origins=tuple(_listed(args.allowed_origins)),
+        max_body_mb=args.max_body_mb,
+        body_timeout_s=args.body_timeout,
+    )
     return serve(
         pipe,
         model_id,
@@ -86,7 +94,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=api_key,
         grace_s=args.grace,
         access_log=args.access_log,
+        guard=guard,
+        header_timeout_s=args.header_timeout,
+        keep_alive_s=args.keep_alive_timeout,
     )
+
+
+def _listed(given: list[str]) -> list[str]:
+    """A repeated, comma-separated option's values."""
+    return [part.strip() for value in given for part in value.split(",") if part.strip()]
 
 
 def _model_id(model: str | None) -> str:
@@ -134,6 +150,21 @@ def _at_least(low: int, why: str = "", high: int | None = None) -> Callable[[str
 
 
 _positive_int = _at_least(1)
+
+
+def _positive_float(name: str) -> Callable[[str], float]:
+    """An argparse type: a finite number above 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be above 0, got {text}")
+        return value
+
+    return parse
 
 
 def _check_inspect(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -289,6 +320,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds running requests may take to finish after a stop signal (default 10)",
     )
     srv.add_argument("--access-log", action="store_true", help="log every request")
+    srv.add_argument(
+        "--allowed-hosts",
+        action="append",
+        default=[],
+        metavar="NAMES",
+        help="Host header names answered besides the bound address (loopback names when bound "
+        "to one; any when bound to 0.0.0.0 and none given); comma-separated or repeated, * any",
+    )
+    srv.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        metavar="ORIGINS",
+        help="web origins (https://app.example) whose pages may call the server (CORS); "
+        "default none; comma-separated or repeated, * any",
+    )
+    srv.add_argument(
+        "--max-body-mb",
+        type=_positive_float("--max-body-mb"),
+        default=4.0,
+        help="largest request body in MiB; more gets HTTP 413 (default 4)",
+    )
+    srv.add_argument(
+        "--body-timeout",
+        type=_positive_float("--body-timeout"),
+        default=30.0,
+        help="seconds a request body may take to arrive whole; slower gets 408 (default 30)",
+    )
+    srv.add_argument(
+        "--header-timeout",
+        type=_positive_float("--header-timeout"),
+        default=10.0,
+        help="seconds a connection may take to send a request's headers (default 10)",
+    )
+    srv.add_argument(
+        "--keep-alive-timeout",
+        type=_at_least(1),
+        default=5,
+        help="seconds an idle connection stays open between requests (default 5)",
+    )
     srv.set_defaults(func=cmd_serve)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
     model_args(insp)

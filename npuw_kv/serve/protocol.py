@@ -226,9 +226,13 @@ def _common(job: Job, body: dict[str, Any], models: tuple[str, ...]) -> None:
     if options is not None:
         if not job.stream:
             raise bad("stream_options", "stream_options is only allowed with stream: true")
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise bad("stream_options", "stream_options takes {'include_usage': bool} only")
-        job.include_usage = bool(_opt_bool(options, "include_usage", "stream_options."))
+        if not isinstance(options, dict):
+            raise bad("stream_options", "stream_options must be an object")
+        for key in options:  # OpenAI's keys and vLLM's continuous_usage_stats
+            if key not in ("include_usage", "continuous_usage_stats", "include_obfuscation"):
+                raise bad(f"stream_options.{key}", f"unsupported field stream_options.{key}")
+            _opt_bool(options, key, "stream_options.")
+        job.include_usage = bool(options.get("include_usage"))
     job.n = _opt_int(body, "n", 1, MAX_CHOICES) or 1
     cfg["num_return_sequences"] = job.n
     max_tokens = _opt_int(body, "max_tokens", 0, MAX_TOKENS)
