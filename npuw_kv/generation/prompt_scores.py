@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from .logits_process import log_softmax
 
 STATIC_PATH = (
     "prompt log-probabilities (echo with logprobs) on the static-shape path need every prompt "
@@ -61,18 +60,25 @@ class PromptScores:
         return not self._missing
 
     def add(self, positions: np.ndarray, logits: np.ndarray) -> None:
-        """Rows of logits at prompt ``positions``: the row at p scores token p + 1."""
-        n = len(self.ids)
-        for p, row in zip(np.asarray(positions).tolist(), logits, strict=True):
-            target = int(p) + 1
-            if not 0 < target < n:
-                continue
-            raw = log_softmax(row)
-            self.logprobs[target] = float(raw[self.ids[target]])
-            k = min(self.top, raw.size)
-            best = np.argpartition(-raw, k - 1)[:k]
-            best = best[np.argsort(-raw[best], kind="stable")]
-            self.tops[target] = [(int(t), float(raw[t])) for t in best]
+        """Rows of logits at prompt ``positions``: the row at p scores token p + 1.  A chunk's
+        rows at once (a row at a time in numpy costs more than the head that made them): the
+        exponentials in the rows' float32, their sums and the log-probabilities in float64."""
+        targets = np.asarray(positions, np.int64).reshape(-1) + 1
+        keep = (targets > 0) & (targets < len(self.ids))
+        if not keep.any():
+            return
+        rows, targets = np.asarray(logits)[keep], targets[keep]
+        peak = rows.max(axis=1, keepdims=True)
+        total = np.exp(rows - peak).sum(axis=1, dtype=np.float64)
+        lse = np.log(total) + peak[:, 0].astype(np.float64)  # log of each row's normalizer
+        chosen = rows[np.arange(len(rows)), np.asarray(self.ids)[targets]] - lse
+        best = _likeliest(rows, min(self.top, rows.shape[1]))
+        values = np.take_along_axis(rows, best, axis=1) - lse[:, None]
+        for target, logprob, ids, logs in zip(
+            targets.tolist(), chosen.tolist(), best.tolist(), values.tolist(), strict=True
+        ):
+            self.logprobs[target] = logprob
+            self.tops[target] = list(zip(ids, logs, strict=True))
             self._missing.discard(target)
 
     def check_complete(self) -> None:
@@ -80,3 +86,21 @@ class PromptScores:
         error, never a silent hole."""
         if self._missing:
             raise UsageError(f"{STATIC_PATH} ({len(self._missing)} prompt rows had no logits)")
+
+
+def _likeliest(rows: np.ndarray, k: int) -> np.ndarray:
+    """Each row's ``k`` largest entries' columns, largest first (the lowest column first among
+    equal ones, as a stable sort): by repeated argmax for the few alternatives an API asks for
+    (numpy's argpartition over a vocabulary is far slower), by a partition beyond."""
+    if k > 8:
+        best = np.argpartition(-rows, k - 1, axis=1)[:, :k]
+        order = np.lexsort((best, -np.take_along_axis(rows, best, axis=1)), axis=1)
+        return np.take_along_axis(best, order, axis=1)
+    left = rows.copy() if k > 1 else rows
+    every = np.arange(len(rows))
+    best = np.empty((len(rows), k), np.int64)
+    for j in range(k):
+        best[:, j] = left.argmax(axis=1)
+        if j + 1 < k:
+            left[every, best[:, j]] = -np.inf
+    return best
