@@ -69,8 +69,16 @@ def test_paged_lone_run_scores_the_prompt(f32_pipe, text_ids, prompt_logprobs_re
     check_scores(result, ids, prompt_logprobs_reference, 1)
 
 
-def test_static_path_with_every_rows_logits(smol_dir, text_ids, prompt_logprobs_reference):
-    pipe = make_pipe(smol_dir, "CPU", attention_backend="sdpa", full_prefill_logits=True)
+@pytest.mark.parametrize(
+    ("device", "backend"),
+    [("CPU", {"attention_backend": "sdpa"}), pytest.param("NPU", {}, marks=pytest.mark.npu_path)],
+)
+def test_static_path_with_every_rows_logits(
+    smol_dir, text_ids, prompt_logprobs_reference, device, backend
+):
+    """The static-shape path (the CPU's, and the NPU path: NPUW, here on the CPU) keeps the
+    head on every row with full_prefill_logits; the prompt is then read whole."""
+    pipe = make_pipe(smol_dir, device, full_prefill_logits=True, **backend)
     ids = text_ids(300)
     result = pipe.generate(ids.tolist(), echo=True, logprobs=2, max_new_tokens=0)
     check_scores(result, ids, prompt_logprobs_reference, 2)
