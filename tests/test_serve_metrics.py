@@ -142,6 +142,35 @@ def test_running_waiting_and_kv_use_while_requests_run(server, client):
     assert after["vllm:num_requests_running"] == 0 == after["vllm:num_requests_waiting"]
 
 
+def test_preemptions_are_counted():
+    """Four prompts of 190 tokens in a KV room for one sequence and 32 tokens more: the batch
+    preempts, and the counter says so."""
+    proc = ServeProcess("--max-prompt-len", "256", "--min-response-len", "32",
+                        "-p", "prefix_cache_tokens=32", "-p", "max_num_seqs=4")  # fmt: skip
+    try:
+        before = scrape(proc)
+        usages: list[dict] = []
+
+        def one(i: int) -> None:
+            words = " ".join(f"item{i}x{j}" for j in range(40))
+            body = {"model": MODEL, "prompt": words, "max_tokens": 40, "ignore_eos": True}
+            usages.append(httpx.post(proc.url + "/completions", json=body, timeout=300).json())
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [u["usage"]["completion_tokens"] for u in usages] == [40] * 4
+        after = scrape(proc)
+        assert moved(before, after, "vllm:num_preemptions_total") > 0
+        # a preempted prompt is looked up again when it is read again
+        assert moved(before, after, "vllm:prefix_cache_queries_total") > 4 * 190 - 1
+        assert moved(before, after, "vllm:generation_tokens_total") == 160
+    finally:
+        assert proc.stop() == 0, proc.stderr()
+
+
 def test_continuous_usage_on_every_chunk(server):
     body = {
         "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
