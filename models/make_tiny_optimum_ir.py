@@ -122,7 +122,8 @@ def make_tiny_optimum_ir(
     hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
     ``logits_scaling`` after the head) for a model that changes its logits after the head;
     ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm``, ``starcoder2``, ``falcon``,
-    ``gpt2``, ``glm4``, ``phi`` (Phi-2) and ``gemma2`` for the family matrix
+    ``gpt2``, ``glm4``, ``phi`` (Phi-2), ``gemma2``, ``gpt_oss`` (attention sinks), ``granitemoe``
+    and ``granitemoehybrid`` (Granite 4.0-H, Mamba-2 layers) for the family matrix
     (tests/test_families.py); ``qwen2.5`` (Qwen2 with every layer full). ``gemma3`` exports
     only with transformers <= 5.0 (optimum-intel 2.2's cap; Gemma 3 runs from its GGUF).
     ``vocab``: rows of the embedding and head beyond the tokenizer's (a stand-in of a model
@@ -308,6 +309,38 @@ def _gpt_oss(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dic
     return transformers.GptOssConfig, transformers.GptOssForCausalLM, extra
 
 
+def _granitemoe(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # a mixture of experts with Granite's multipliers
+    extra = {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "logits_scaling": 4.0,
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2,
+    }
+    return transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM, extra
+
+
+def _granitemoehybrid(
+    transformers: Any, layers: int, window: int
+) -> tuple[Any, Any, dict[str, Any]]:
+    # Granite 4.0-H: Mamba-2 layers and attention layers, a mixture of experts
+    kinds = ["mamba", "attention"] * layers
+    extra = {
+        "layer_types": kinds[:layers],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 64,
+        "mamba_n_heads": 8,  # mamba_expand (2) x hidden = heads x head size
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 16,
+        "position_embedding_type": "rope",
+    }
+    return transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM, extra
+
+
 # arch -> (config class, model class, extra config) ; Qwen2 adds q/k/v biases too
 ARCHS = {
     "llama": _llama,
@@ -328,6 +361,8 @@ ARCHS = {
     "gemma2": _gemma2,
     "gemma3": _gemma3,
     "gpt_oss": _gpt_oss,
+    "granitemoe": _granitemoe,
+    "granitemoehybrid": _granitemoehybrid,
 }
 
 

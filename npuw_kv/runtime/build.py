@@ -32,6 +32,7 @@ from ..model.layout import KVLayout
 from ..model.lora import Adapter, LoraGraph, apply_lora
 from ..model.paged_rewrite import make_paged, split_block_tables
 from ..model.source import read_ir
+from ..model.states import refuse_other_states
 from ..model.variants import prepare
 from .compile import compile_paged, compile_requests
 from .device import npu_io
@@ -74,6 +75,7 @@ def build_runner(
     put into the graph after the backend's rewrites (they cut the LM head, which the adapters
     then never see), switched by alpha at run time.
     """
+    refuse_other_states(ir)  # before any rewrite: hybrid models are not run yet
     build = _Builder(core, config, settings)
     wide = wide_activations(model_dir)
     decided = decide(core, config, wide)  # every ``auto``, once

@@ -13,6 +13,7 @@ from ..config.pipeline_config import PipelineConfig
 from ..config.settings import label
 from ..errors import CompileError, ModelLayoutError, UsageError, last_line
 from ..kv.shapes import StaticShapes
+from ..model.dynamic_shapes import refuse_run_time_shapes
 from ..model.layout import KVLayout
 from ..model.split import SplitModel, split_model
 from ..model.value_layout import ValueLayouts
@@ -286,6 +287,9 @@ def checked_ladder(
     if check_value_layouts(decided.config, ladder):
         ladder = static_ladder(model, layout, shapes)  # V as [1, H, S, D] in both phases
     check_variants(decided.config, ladder)
+    if decided.config.device == "NPU":
+        for _, static_model in (ladder.prefill[-1], ladder.generate[-1]):
+            refuse_run_time_shapes(static_model, "NPU")
     return ladder
 
 
