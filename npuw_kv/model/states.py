@@ -15,6 +15,9 @@ import openvino as ov
 from ..errors import ModelLayoutError
 
 _KV = re.compile(r"key|value", re.IGNORECASE)
+# what the exports call the other states (Mamba's conv and ssm, DeltaNet's recurrent state);
+# a variable named otherwise is left to the layout's own checks, which pair KV by structure
+_OTHER = re.compile(r"ssm|conv|recurrent|mamba|delta|linear|state", re.IGNORECASE)
 
 
 def other_states(model: ov.Model) -> list[str]:
@@ -22,7 +25,7 @@ def other_states(model: ov.Model) -> list[str]:
     kinds: set[str] = set()
     for variable in model.get_variables():
         name = variable.get_info().variable_id
-        if _KV.search(name):
+        if _KV.search(name) or not _OTHER.search(name):
             continue
         past = name.split("present")[0]  # optimum: "<past name><present name>"
         kinds.add(re.sub(r"[\d._]+", " ", past.replace("cache_params", "")).split()[-1])
