@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import UsageError
+from ..serve.tools import PARSER_SETTING  # no server packages: the flag is listed without them
 from ..tools.bench_worker import RUNTIMES
 from . import terminal as cli_io
 from .args import model_args, pipeline_kwargs, sampling_kwargs, text_args, zero_points_arg
@@ -63,6 +64,18 @@ def _api_key(given: str | None) -> str | None:
     return given or os.environ.get("NPUW_KV_API_KEY") or None
 
 
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--chat-template {path}: cannot read it ({exc})") from None
+    if not text.strip():
+        raise UsageError(f"--chat-template {path} is empty")
+    return text
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from ..serve.guard import GuardSettings
@@ -74,7 +87,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     api_key = _api_key(args.api_key)  # before the model loads
+    template = _read_template(args.chat_template)  # before the model loads
     pipe = _load(args)
+    if template is not None:
+        pipe.get_tokenizer().set_chat_template(template)
     live = int(pipe.kv_stats()["max_live_sequences"])
     model_id = args.served_model_name or _model_id(args.model_source)
     guard = GuardSettings(
@@ -97,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         guard=guard,
         header_timeout_s=args.header_timeout,
         keep_alive_s=args.keep_alive_timeout,
+        tool_parser=args.tool_call_parser,
     )
 
 
@@ -359,6 +376,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_at_least(1),
         default=5,
         help="seconds an idle connection stays open between requests (default 5)",
+    )
+    srv.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=None,
+        help="a Jinja chat template to use instead of the model's (e.g. one that renders tools)",
+    )
+    srv.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_SETTING,
+        default="auto",
+        help="the form the model writes tool calls in (default: read from the chat template)",
     )
     srv.set_defaults(func=cmd_serve)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")

@@ -32,8 +32,9 @@ from .guard import Guard, GuardSettings, prompt_bytes_check
 from .jobs import Admission, Event, Run, Worker
 from .metrics import CONTENT_TYPE, CountingPipe, ServeMetrics
 from .protocol import ApiError, Job, chat_job, completion_job, read_body
-from .replies import FINISH, Reply
+from .replies import Reply
 from .tokens import TokenRoutes
+from .tools import ChatFormat
 
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks its client
@@ -74,6 +75,7 @@ def make_app(
     api_key: str | None = None,
     *,
     guard: GuardSettings | None = None,
+    tool_parser: str = "auto",
 ) -> Starlette:
     """The application serving ``pipe`` as model ``model_id``: ``live`` requests at once,
     ``queue`` more waiting; with ``api_key``, every route but ``/health``, ``/metrics`` and
@@ -87,6 +89,7 @@ def make_app(
     models = (model_id,)
     created = int(time.time())
     tokenizer = pipe.get_tokenizer()
+    chat_format = ChatFormat.of(tokenizer, tool_parser)  # what the template does with tools
     too_long = prompt_bytes_check(pipe)
     tokens = TokenRoutes(pipe, models)
     stopping = {"now": False}  # the server stopped what still ran (answers cut short)
@@ -146,7 +149,7 @@ def make_app(
                 counting.forget(job.config)
 
     async def chat(request: Request) -> Response:
-        return await answer(request, chat_job)
+        return await answer(request, lambda body, models: chat_job(body, models, chat_format))
 
     async def completions(request: Request) -> Response:
         return await answer(request, completion_job)
@@ -272,12 +275,15 @@ async def _events(
     while True:
         if event[0] == "text":
             counted = usage.next_piece(event[1]) if usage is not None else None
-            yield chunk(event[1], counted, text=event[2])
+            for piece in reply.pieces(event[1], event[2]):
+                yield chunk(event[1], counted, **piece)
         elif event[0] == "done":
             results = event[1]
             cut = False
             for index, result in enumerate(results):
-                finish = FINISH.get(result.finish_reason, "stop")
+                pieces, finish = reply.last_pieces(index, result)
+                for piece in pieces:
+                    yield chunk(index, len(result.tokens), **piece)
                 if stopping["now"] and result.finish_reason == "cancelled":
                     finish, cut = "abort", True
                 yield chunk(index, len(result.tokens), int(result.prompt_tokens), finish=finish,

@@ -114,12 +114,13 @@ def serve(
     guard: GuardSettings | None = None,
     header_timeout_s: float = 10.0,
     keep_alive_s: int = 5,
+    tool_parser: str = "auto",
 ) -> int:
     """Serve ``pipe`` until stopped; the exit code (0 after a stop signal)."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("npuw-kv serve runs on the main thread (it handles stop signals)")
     guard = guard or GuardSettings(host=host)
-    app = make_app(pipe, model_id, live, queue, api_key, guard=guard)
+    app = make_app(pipe, model_id, live, queue, api_key, guard=guard, tool_parser=tool_parser)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
