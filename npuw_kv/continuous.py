@@ -28,7 +28,7 @@ from .api.generation_config import GenerationConfig
 from .api.generation_result import GenerationResult
 from .api.results import finish_reason
 from .engine import Engine
-from .errors import UsageError
+from .errors import NumericError, UsageError
 from .generation.beam_search import check_beam_request
 from .generation.pipeline_metrics import MetricsRecorder, PipelineMetrics
 from .generation.running_batch import SequenceRequest, Ticket
@@ -70,10 +70,17 @@ class GenerationHandle:
     of its own, which is never held while waiting for the batch (the stepping thread takes
     it to hand over each token)."""
 
-    def __init__(self, request_id: int, end: Callable[[GenerationHandle, Any], None]) -> None:
-        """``end(handle, status)``: stop or cancel the request in its pipeline."""
+    def __init__(
+        self,
+        request_id: int,
+        end: Callable[[GenerationHandle, Any], None],
+        explain: Callable[[BaseException], BaseException] = lambda exc: exc,
+    ) -> None:
+        """``end(handle, status)``: stop or cancel the request in its pipeline;
+        ``explain(error)``: the error a failed sequence raises (named by its pipeline)."""
         self.request_id = request_id
         self._end = end
+        self._explain = explain
         self.sequences: list[_Sequence] = []
         self.status = Status.RUNNING
         self.ticket = Ticket(on_token=self._on_token)
@@ -92,7 +99,7 @@ class GenerationHandle:
             failed = self._take_outcomes()
         if failed is not None:
             self._end(self, Status.IGNORED)
-            raise failed
+            raise self._explain(failed)
 
     def _take_outcomes(self) -> BaseException | None:
         if self.status != Status.RUNNING:
@@ -267,7 +274,7 @@ class ContinuousBatchingPipeline:
         ids = ask.ids
         if ids is None:
             ids = engine.encoder.ids(ask, config.apply_chat_template, history)
-        handle = GenerationHandle(int(request_id), self._end)
+        handle = GenerationHandle(int(request_id), self._end, self._explain)
         factory = engine.constraint(config)
         beams = config.num_beams > 1
         if beams:
@@ -289,7 +296,10 @@ class ContinuousBatchingPipeline:
 
     def step(self) -> None:
         """One batched model call over every live sequence; their handles grow."""
-        self.batch.step()
+        try:
+            self.batch.step()
+        except NumericError as exc:
+            raise self._explain(exc) from exc
         loops, runner = self.batch.loops, self.runner
         windows = runner.blocks.stats().windows.values()
         usage = max((100.0 * w.primary_used / w.primary_total for w in windows), default=0.0)
@@ -300,6 +310,15 @@ class ContinuousBatchingPipeline:
             duration_us=loops.last_duration_us,
             cache_bytes=runner.cache.bytes_allocated,
         )
+
+    def _explain(self, error: BaseException) -> BaseException:
+        """A sequence's error as raised: NaN / +inf logits named with the settings that would
+        remove them (none already set)."""
+        if isinstance(error, NumericError):
+            named = self.engine.numeric_error()
+            named.__cause__ = error
+            return named
+        return error
 
     def _end(self, handle: GenerationHandle, status: Any) -> None:
         """Stop or cancel ``handle``'s request: its sequences leave the engine now."""

@@ -36,9 +36,9 @@ class NumericError(UsageError):
     def __init__(self, message: str | None = None) -> None:
         super().__init__(
             message
-            or "the model gave NaN or +inf logits: an activation overflowed its precision; on "
-            "NPU set NPUW_F16IC=NO (f32 tensors between NPUW's sub-graphs), or compute in f32 "
-            "with INFERENCE_PRECISION_HINT=f32"
+            # the pipeline names the settings that would widen it (Engine.numeric_error); a
+            # remedy here could name one already set
+            or "the model gave NaN or +inf logits: an activation overflowed its precision"
         )
 
     @classmethod

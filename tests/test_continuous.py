@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import openvino as ov
 import openvino.properties.hint as hints
 import openvino_genai
@@ -205,3 +206,20 @@ def test_genai_adapter_and_draft_made_before_npuw_kv_is_imported(smol_dir, tmp_p
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_non_finite_logits_name_only_settings_not_set(smol_dir, monkeypatch):
+    """NaN logits in a batched step end the call with the engine's NumericError: at exact f32
+    (compute, KV, no NPUW) it names no setting left to change, so none already set."""
+    from npuw_kv.errors import NumericError
+
+    cb = make_cb(smol_dir)
+    runner = cb.engine.runner
+
+    def nan_rows(parts, *args, **kwargs):
+        return np.full((len(parts), cb.engine.vocab_size), np.nan, np.float32)
+
+    monkeypatch.setattr(runner, "last_logits", nan_rows)
+    with pytest.raises(NumericError, match="no precision setting removes it") as caught:
+        cb.generate(["The Sun is yellow because"], config())
+    assert "NPUW_F16IC" not in str(caught.value)

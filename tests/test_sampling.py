@@ -123,13 +123,15 @@ def test_unset_limits_are_none_and_max_new_tokens_wins():
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_logits_name_the_precision_settings(bad):
-    """A NaN or +inf logit is an overflow in the model, not a choice: the sampler says
-    which settings keep the activations in range, and the next finite row samples again."""
+    """A NaN or +inf logit is an overflow in the model, not a choice: the sampler says so
+    (naming no setting: it does not know which are set; the pipelines name those that would
+    widen the values) and the next finite row samples again."""
     from npuw_kv.errors import NumericError
 
     sampler = Sampler(GenerationConfig(max_new_tokens=4))
     logits = np.zeros(8, np.float32)
     logits[3] = bad
-    with pytest.raises(NumericError, match="NPUW_F16IC=NO.*INFERENCE_PRECISION_HINT=f32"):
+    with pytest.raises(NumericError, match="NaN or \\+inf logits") as caught:
         sampler.sample(logits)
+    assert "=" not in str(caught.value)
     assert sampler.sample(np.arange(8, dtype=np.float32)).token == 7
