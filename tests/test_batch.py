@@ -394,9 +394,13 @@ def test_every_entry_point_refuses_a_bad_input_with_one_message(
         "ContinuousBatchingPipeline.generate": _refusal(lambda: cb_pipe.generate([prompt], config)),
     }
     if not fields:  # the server and the CLI set these fields their own way (n, no draft)
-        with TestClient(make_app(pipe, "m", live=1, queue=1)) as client:
+        app = make_app(pipe, "m", live=1, queue=1)
+        with TestClient(app, base_url="http://127.0.0.1") as client:  # the Host it serves
             body = {"model": "m", "prompt": prompt, "max_tokens": 2}  # "\ud800" stays escaped
-            reply = client.post("/v1/completions", content=json.dumps(body))
+            reply = client.post(
+                "/v1/completions", content=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
         assert reply.status_code == 400, reply.text
         messages["server"] = reply.json()["error"]["message"]
     if prompt == LONG_PROMPT:  # a shell's argv carries no lone surrogate (its own refusal)

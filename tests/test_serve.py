@@ -220,7 +220,7 @@ def test_a_client_that_gives_up_cancels_its_request(server):
         ({"model": MODEL, "messages": chat("hi"), "temperature": "hot"}, "temperature"),
         ({"model": MODEL, "messages": chat("hi"), "top_p": 1.5}, "top_p"),
         ({"model": MODEL, "messages": chat("hi"), "n": 10_000}, "n"),
-        ({"model": MODEL, "messages": chat("hi"), "tools": [{"type": "function"}]}, "tools"),
+        ({"model": MODEL, "messages": chat("hi"), "tools": [{"type": "x"}]}, "tools[0].type"),
         ({"model": MODEL, "messages": chat("hi"), "logit_bias": {"1": 5}}, "logit_bias"),
         ({"model": MODEL, "messages": chat("hi"), "frobnicate": 1}, "frobnicate"),
         ({"model": MODEL, "messages": chat("word " * 3000)}, "messages"),
