@@ -65,10 +65,14 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     return head, whole[len(head) :]
 
 
-def run_lm_eval(server: ServeProcess, tokenizer: Path, out: Path) -> subprocess.CompletedProcess:
+def run_lm_eval(
+    server: ServeProcess, tokenizer: Path | None, out: Path, names: tuple[str, ...] = NAMES
+) -> subprocess.CompletedProcess:
     """``lm-eval run`` with local-completions and no setting but where the server and the
-    tokenizer are (and the shipped tasks), offline."""
-    args = f"model=smollm2,base_url={server.url}/completions,tokenizer={tokenizer}"
+    tokenizer are (and the shipped tasks), offline; no tokenizer: the server's own
+    (``tokenizer_backend=remote``)."""
+    args = f"model=smollm2,base_url={server.url}/completions"
+    args += f",tokenizer={tokenizer}" if tokenizer else ",tokenizer_backend=remote"
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -77,7 +81,7 @@ def run_lm_eval(server: ServeProcess, tokenizer: Path, out: Path) -> subprocess.
     }
     command = [
         sys.executable, "-m", "lm_eval", "run", "--model", "local-completions",
-        "--model_args", args, "--tasks", ",".join(NAMES), "--include_path", str(TASKS),
+        "--model_args", args, "--tasks", ",".join(names), "--include_path", str(TASKS),
         "--output_path", str(out / "results"), "--log_samples",
     ]  # fmt: skip
     # the tasks' data files are named relative to their folder
@@ -86,9 +90,9 @@ def run_lm_eval(server: ServeProcess, tokenizer: Path, out: Path) -> subprocess.
     )
 
 
-def samples(out: Path) -> dict[str, list[dict]]:
+def samples(out: Path, names: tuple[str, ...] = NAMES) -> dict[str, list[dict]]:
     found: dict[str, list[dict]] = {}
-    for name in NAMES:
+    for name in names:
         (path,) = (out / "results").rglob(f"samples_{name}_*.jsonl")
         found[name] = [json.loads(line) for line in path.read_text().splitlines()]
     return found
@@ -171,3 +175,26 @@ def test_echo_logprobs_shape_and_batched_scores(server, prompt_logprobs_referenc
         got = np.array(choice["logprobs"]["token_logprobs"][1:])
         assert len(got) == len(ids) - 1
         assert np.abs(got - prompt_logprobs_reference(ids)[0]).max() <= 1e-4
+
+
+def test_lm_eval_with_the_servers_tokenizer(server, hf_tokenizer, tmp_path):
+    """``tokenizer_backend=remote``: lm-eval tokenizes through the server (/tokenizer_info,
+    /tokenize, /detokenize), so a model with no Hugging Face tokenizer is evaluated too; its
+    ids and loglikelihoods are those of the run with the local copy."""
+    from lm_eval.utils import RemoteTokenizer
+    from transformers import AutoTokenizer
+
+    remote = RemoteTokenizer(f"{server.url}/completions")  # as lm-eval makes it
+    local = AutoTokenizer.from_pretrained(hf_tokenizer)
+    text = "The Sun is yellow because"
+    assert remote.encode(text) == local(text, add_special_tokens=False).input_ids
+    assert remote.decode(remote.encode(text)) == text
+    assert remote.eos_token == local.eos_token and remote.eos_token_id == local.eos_token_id
+    names = ("npuw_kv_lastword",)
+    runs = {}
+    for label, tokenizer in (("remote", None), ("local", hf_tokenizer)):
+        done = run_lm_eval(server, tokenizer, tmp_path / label, names)
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs[label] = samples(tmp_path / label, names)["npuw_kv_lastword"]
+    for ours, theirs in zip(runs["remote"], runs["local"], strict=True):
+        assert ours["resps"] == theirs["resps"]

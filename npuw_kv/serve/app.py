@@ -1,6 +1,6 @@
 """The HTTP side of ``npuw-kv serve``: OpenAI's ``/v1/chat/completions``, ``/v1/completions``
-and ``/v1/models``, vLLM's ``/metrics``, ``/tokenize``, ``/detokenize`` and ``/version``, and
-``/health``, as a Starlette application over one pipeline, behind :mod:`.guard`.
+and ``/v1/models``, vLLM's ``/metrics``, ``/tokenize``, ``/detokenize``, ``/tokenizer_info`` and
+``/version``, and ``/health``, as a Starlette application over one pipeline, behind :mod:`.guard`.
 
 A request is checked whole (:mod:`.protocol`) and admitted (:class:`~.jobs.Worker`) before any
 work; a streamed answer's headers go out with its first token, so an error found when the call
@@ -158,6 +158,7 @@ def make_app(
         Route("/health", health, methods=["GET"]),
         Route("/metrics", show_metrics, methods=["GET"]),
         Route("/version", tokens.version, methods=["GET"]),
+        Route("/tokenizer_info", tokens.tokenizer_info, methods=["GET"]),
         Route("/tokenize", tokens.tokenize, methods=["POST"]),
         Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),

@@ -1,5 +1,6 @@
-"""vLLM's ``POST /tokenize``, ``POST /detokenize`` and ``GET /version``: the model's tokenizer
-over HTTP, for clients that count or cut prompts before sending them.
+"""vLLM's ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info`` and ``GET /version``:
+the model's tokenizer over HTTP, for clients that count or cut prompts before sending them
+(lm-eval's ``tokenizer_backend=remote`` tokenizes with these, so it needs no local copy).
 
 ``/tokenize`` takes a ``prompt`` (raw text; ``add_special_tokens`` defaults to true) or chat
 ``messages`` (through the chat template; ``add_generation_prompt`` defaults to true,
@@ -34,6 +35,23 @@ class TokenRoutes:
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": __version__})
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        """The special tokens, the chat template and the length limit (vLLM's fields)."""
+        tok = self.tokenizer
+
+        def text(get: Any) -> str | None:
+            return str(get()) or None
+
+        return JSONResponse({
+            "tokenizer_class": "openvino_tokenizers",
+            "bos_token": text(tok.get_bos_token),
+            "eos_token": text(tok.get_eos_token),
+            "pad_token": text(tok.get_pad_token),
+            "chat_template": str(tok.chat_template or "") or None,
+            "model_max_length": self.max_model_len,
+            "vocab_size": self.vocab,
+        })  # fmt: skip
 
     async def tokenize(self, request: Request) -> Response:
         body = read_body(await request.body())
