@@ -192,11 +192,7 @@ class Engine:
         self.assisted.check(config)  # assisted-generation fields need prompt_lookup / a draft
         request = read_inputs(inputs, self.vocab_size)
         check_request(request, config, streamer, chatting)
-        prompt_scores.check(
-            config,
-            paged=isinstance(self.runner, PagedRunner),
-            full_logits=self.config.full_prefill_logits,
-        )
+        prompt_scores.check(config)
         return config, alphas, request
 
     def alphas(self, config: GenerationConfig) -> Alphas | None:

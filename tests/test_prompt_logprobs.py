@@ -1,7 +1,8 @@
 """The prompt's own log-probabilities in-process (``echo`` with ``logprobs``: genai's fields):
 equal to the original model's (its stateful IR, every row, exact f32) on the paged path, in
 the running batch beside other requests and alone, with a cached prefix, and on the
-static-shape path when it keeps every row's logits; refused by name where it cannot."""
+static-shape path from every prefill row's logits (full_prefill_logits) or, by default, from
+its generate model token by token; beam search is refused by name."""
 
 from __future__ import annotations
 
@@ -84,12 +85,25 @@ def test_static_path_with_every_rows_logits(
     check_scores(result, ids, prompt_logprobs_reference, 2)
 
 
-def test_refused_by_name_where_it_cannot_be_done(smol_dir, f32_pipe, text_ids):
-    ids = text_ids(10).tolist()
-    static = make_pipe(smol_dir, "CPU", attention_backend="sdpa")
-    with pytest.raises(UsageError, match="full_prefill_logits"):
-        static.generate(ids, echo=True, logprobs=1, max_new_tokens=1)
-    assert static.generate(ids, echo=True, max_new_tokens=1).text  # echo alone still works
+@pytest.mark.parametrize(
+    ("device", "backend"),
+    [("CPU", {"attention_backend": "sdpa"}), pytest.param("NPU", {}, marks=pytest.mark.npu_path)],
+)
+def test_static_path_at_its_defaults_reads_the_prompt_by_steps(
+    smol_dir, text_ids, prompt_logprobs_reference, device, backend
+):
+    """Without full_prefill_logits (the NPU path's default: the head sees the last row) the
+    prompt's first token is prefilled and each next one fed as a generate step: the same
+    scores, and the answer after them the same as a plain call's."""
+    pipe = make_pipe(smol_dir, device, **backend)
+    ids = text_ids(40)
+    scored = pipe.generate(ids.tolist(), echo=True, logprobs=3, max_new_tokens=5, ignore_eos=True)
+    check_scores(scored, ids, prompt_logprobs_reference, 3)
+    plain = pipe.generate(ids.tolist(), max_new_tokens=5, ignore_eos=True)
+    assert scored.tokens == plain.tokens
+
+
+def test_refused_by_name_where_it_cannot_be_done(f32_pipe):
     with pytest.raises(UsageError, match="num_beams"):
         f32_pipe.generate("Hi", echo=True, logprobs=1, max_new_tokens=2, num_beams=2,
                           num_return_sequences=2)  # fmt: skip

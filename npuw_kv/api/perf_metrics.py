@@ -215,6 +215,10 @@ class TimedRunner:
         self.sequences.append((now_us(), []))
         return self.call(self._runner.prefill, ids, *args)
 
+    def prefill_every_row(self, ids: np.ndarray, on_rows: Any) -> np.ndarray:
+        self.sequences.append((now_us(), []))
+        return self.call(self._runner.prefill_every_row, ids, on_rows)
+
     def step(self, token: int) -> np.ndarray:
         return self.call(self._runner.step, token)
 

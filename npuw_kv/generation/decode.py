@@ -169,7 +169,7 @@ def generate_tokens(
         scores,
     )
     next(loop)
-    logits = runner.prefill(ids, None if scores is None else scores.add)
+    logits = runner.prefill(ids) if scores is None else runner.prefill_every_row(ids, scores.add)
     try:
         while True:
             token = loop.send(logits)

@@ -3,8 +3,10 @@
 
 Each prompt token after the first is scored by the logits row of the token before it, as the
 prefill computes it: the paged path asks its model for every row of the chunks that read the
-prompt (the LM head gathers the rows it is given), the static-shape path has them only when
-the model keeps the head on every row (``full_prefill_logits``).  Log-probabilities are the raw
+prompt (the LM head gathers the rows it is given); the static-shape path (the NPU's) takes them
+from its prefill models where they keep the head on every row (``full_prefill_logits``), else
+it feeds the prompt token by token through its generate model
+(``Runner.prefill_every_row``).  Log-probabilities are the raw
 model's (before penalties, temperature and sampling filters), as the generated tokens' are.
 """
 
@@ -17,11 +19,7 @@ import numpy as np
 
 from ..errors import UsageError
 
-STATIC_PATH = (
-    "prompt log-probabilities (echo with logprobs) on the static-shape path need every prompt "
-    "row's logits: build the pipeline with full_prefill_logits=YES, or run on the CPU's "
-    "PagedAttention path (attention_backend='pa')"
-)
+MISSING_ROWS = "prompt log-probabilities (echo with logprobs): the prefill gave no logits for"
 
 
 def wanted(config: Any) -> bool:
@@ -29,17 +27,13 @@ def wanted(config: Any) -> bool:
     return bool(config.echo) and int(config.logprobs) > 0
 
 
-def check(config: Any, *, paged: bool, full_logits: bool) -> None:
+def check(config: Any) -> None:
     """Refuse, by name, a call that scores its prompt where that cannot be done."""
-    if not wanted(config):
-        return
-    if config.num_beams > 1:
+    if wanted(config) and config.num_beams > 1:
         raise UsageError(
             "echo with logprobs (prompt log-probabilities) takes greedy or sampled decoding, "
             f"not beam search (num_beams={config.num_beams})"
         )
-    if not paged and not full_logits:
-        raise UsageError(STATIC_PATH)
 
 
 class PromptScores:
@@ -85,7 +79,7 @@ class PromptScores:
         """A prefill that gave fewer rows than the prompt has (a path that cannot) is an
         error, never a silent hole."""
         if self._missing:
-            raise UsageError(f"{STATIC_PATH} ({len(self._missing)} prompt rows had no logits)")
+            raise UsageError(f"{MISSING_ROWS} {len(self._missing)} prompt rows")
 
 
 def _likeliest(rows: np.ndarray, k: int) -> np.ndarray:

@@ -89,8 +89,14 @@ class SpeculativeRunner(Runner):
         self.main_calls = ModelCalls()  # each main-model call: its time, the tokens it gave
 
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
+        return self._start(self._runner.prefill, ids, on_chunk)
+
+    def prefill_every_row(self, ids: np.ndarray, on_rows: ChunkHook) -> np.ndarray:
+        return self._start(self._runner.prefill_every_row, ids, on_rows)
+
+    def _start(self, prefill: Callable[..., np.ndarray], ids: np.ndarray, hook: Any) -> np.ndarray:
         self.main_calls = ModelCalls()
-        logits = self.main_calls.run(self._runner.prefill, ids, on_chunk)
+        logits = self.main_calls.run(prefill, ids, hook)
         self.history = [int(t) for t in np.asarray(ids).reshape(-1)]
         self._prompt = len(self.history)
         self._pending.clear()

@@ -177,6 +177,7 @@ def build_runner(
             layout,
             shapes,
             kv_binding=config.kv_binding,
+            full_rows=config.full_prefill_logits,
             prefix_reuse=config.prefix_reuse,
             prefix_cache_tokens=config.prefix_cache_tokens,
         ),

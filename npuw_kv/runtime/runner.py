@@ -69,6 +69,11 @@ class Runner(ABC):
     def step(self, token: int) -> np.ndarray:
         """Feed one generated token; the next logits."""
 
+    def prefill_every_row(self, ids: np.ndarray, on_rows: ChunkHook) -> np.ndarray:
+        """:meth:`prefill` with every prompt row's logits handed to ``on_rows`` (a prompt's
+        own log-probabilities); the last logits."""
+        return self.prefill(ids, on_rows)
+
     # speculative decoding (npuw_kv/generation/speculative.py); only the PagedAttention runner
     # has it
     def verify(self, tokens: Sequence[int]) -> np.ndarray:

@@ -53,10 +53,13 @@ class StaticRunner(Runner):
         kv_binding: str,
         prefix_reuse: bool = True,
         prefix_cache_tokens: int = 0,
+        full_rows: bool = False,
     ) -> None:
         """``prefix_cache_tokens``: room of the host store for earlier prompts' prefixes
-        (:mod:`.prefix_store`); 0: only the last sequence is reused."""
+        (:mod:`.prefix_store`); 0: only the last sequence is reused.  ``full_rows``: the
+        prefill models keep the LM head on every row (``full_prefill_logits``)."""
         self.requests = requests
+        self.full_rows = full_rows
         # each phase's KV layout (V transposed or not); the buffers are laid out as the
         # generate models read them, the whole buffer at once
         self.layout = requests.generate_layout or layout
@@ -369,6 +372,22 @@ class StaticRunner(Runner):
         self.switch_copied_bytes = 0
         self._at_switch = True
         return logits[-1].copy()
+
+    def prefill_every_row(self, ids: np.ndarray, on_rows: ChunkHook) -> np.ndarray:
+        """Every prompt row's logits: from the prefill models where they keep the head on
+        every row; else the prompt's first token is prefilled and each next one fed as a
+        generate step, whose logits are that row's (the same KV and attention, one token at a
+        time: slower, nothing more compiled or held)."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        if self.full_rows:
+            return self.prefill(ids, on_rows)
+        self.check_prompt(ids.size)
+        logits = self.prefill(ids[:1])
+        on_rows(np.zeros(1, np.int64), logits[None])
+        for position in range(1, ids.size):
+            logits = self.step(int(ids[position]))
+            on_rows(np.array([position], np.int64), logits[None])
+        return logits
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token, write its KV into the next slot, return the next logits."""
