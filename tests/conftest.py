@@ -33,6 +33,11 @@ MAX_PROMPT = 1024
 MIN_RESPONSE = 64
 # the NPU path on the tiny model: chunks of 16, exact f32, and NPUW's partitioning off (it
 # cannot run these tiny graphs: test_tiny_model.py)
+# npuw-kv serve at the settings of f32_pipe: exact f32 compute and KV on the paged path
+EXACT_SERVE_ARGS = (
+    "--exact", "--kv-precision", "f32", "--chunk", "256", "--max-prompt-len", "1024",
+    "--min-response-len", "64", "--attention", "pa",
+)  # fmt: skip
 TINY_CHUNK = 16
 TINY_NPU: dict = dict(
     prefill_chunk_size=TINY_CHUNK,
@@ -76,8 +81,9 @@ def genai_reference(smol_dir: Path):
 
 
 @pytest.fixture(scope="session")
-def reference_logits(smol_dir: Path):
-    """Logits of the last prompt position from the original stateful IR, exact f32."""
+def stateful_logits(smol_dir: Path):
+    """``run(ids)``: every row's logits ``[n, vocab]`` from the original stateful IR, exact
+    f32 (the request's own output, valid until the next run)."""
     core = ov.Core()
     compiled = core.compile_model(
         core.read_model(str(smol_dir / "openvino_model.xml")),
@@ -86,36 +92,7 @@ def reference_logits(smol_dir: Path):
     )
     request = compiled.create_infer_request()
 
-    def run(ids: np.ndarray) -> np.ndarray:
-        request.reset_state()
-        n = len(ids)
-        request.infer(
-            {
-                "input_ids": np.asarray(ids, np.int64)[None],
-                "attention_mask": np.ones((1, n), np.int64),
-                "position_ids": np.arange(n, dtype=np.int64)[None],
-                "beam_idx": np.zeros(1, np.int32),
-            }
-        )
-        return request.get_tensor("logits").data[0, -1].copy()
-
-    return run
-
-
-@pytest.fixture(scope="session")
-def prompt_logprobs_reference(smol_dir: Path):
-    """``run(ids)``: each token's log-probability after the first under the original stateful
-    IR's logits (every row, exact f32), what echo with logprobs must give; and the likeliest
-    token after each position but the last."""
-    core = ov.Core()
-    compiled = core.compile_model(
-        core.read_model(str(smol_dir / "openvino_model.xml")),
-        "CPU",
-        {**EXACT_F32, "KV_CACHE_PRECISION": "f32"},
-    )
-    request = compiled.create_infer_request()
-
-    def run(ids) -> tuple[np.ndarray, np.ndarray]:
+    def run(ids) -> np.ndarray:
         ids = np.asarray(ids, np.int64).reshape(-1)
         request.reset_state()
         n = len(ids)
@@ -127,10 +104,29 @@ def prompt_logprobs_reference(smol_dir: Path):
                 "beam_idx": np.zeros(1, np.int32),
             }
         )
-        logits = request.get_tensor("logits").data[0].astype(np.float64)
+        return request.get_tensor("logits").data[0]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def reference_logits(stateful_logits):
+    """Logits of the last prompt position from the original stateful IR, exact f32."""
+    return lambda ids: stateful_logits(ids)[-1].copy()
+
+
+@pytest.fixture(scope="session")
+def prompt_logprobs_reference(stateful_logits):
+    """``run(ids)``: each token's log-probability after the first under the original stateful
+    IR's logits (every row, exact f32), what echo with logprobs must give; and the likeliest
+    token after each position but the last."""
+
+    def run(ids) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        logits = stateful_logits(ids).astype(np.float64)
         top = logits.max(axis=1, keepdims=True)
         logs = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
-        return logs[np.arange(n - 1), ids[1:]], logs[:-1].argmax(axis=1)
+        return logs[np.arange(len(ids) - 1), ids[1:]], logs[:-1].argmax(axis=1)
 
     return run
 

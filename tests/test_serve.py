@@ -10,17 +10,13 @@ import threading
 import httpx
 import openai
 import pytest
+from conftest import EXACT_SERVE_ARGS
 
 from npuw_kv.serve.child import ServeProcess
 
 pytestmark = pytest.mark.slow(seconds=150)
 
 MODEL = "smollm2"
-# the settings of conftest.py's f32_pipe: exact f32 compute and KV on the paged path
-EXACT_ARGS = (
-    "--exact", "--kv-precision", "f32", "--chunk", "256", "--max-prompt-len", "1024",
-    "--min-response-len", "64", "--attention", "pa",
-)  # fmt: skip
 QUESTIONS = [
     "Why is the sky blue?",
     "Name three fruits.",
@@ -35,7 +31,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServeProcess(*EXACT_ARGS, "-p", "max_num_seqs=8", "--queue", "64")
+    proc = ServeProcess(*EXACT_SERVE_ARGS, "-p", "max_num_seqs=8", "--queue", "64")
     yield proc
     assert proc.stop() == 0, proc.stderr()
 
@@ -261,7 +257,15 @@ def test_32_streaming_clients_each_get_their_own_answer(server, client, f32_pipe
 
 def test_api_key_queue_limit_and_sigterm():
     proc = ServeProcess(
-        *EXACT_ARGS, "--api-key", "s3cret", "-p", "max_num_seqs=1", "--queue", "0", "--grace", "1"
+        *EXACT_SERVE_ARGS,
+        "--api-key",
+        "s3cret",
+        "-p",
+        "max_num_seqs=1",
+        "--queue",
+        "0",
+        "--grace",
+        "1",
     )
     try:
         anonymous = openai.OpenAI(base_url=proc.url, api_key="wrong", max_retries=0)
@@ -313,7 +317,7 @@ def _send_half_a_request(root: str) -> None:
 
 
 def test_ctrl_c_stops_the_server_with_exit_code_0():
-    proc = ServeProcess(*EXACT_ARGS)
+    proc = ServeProcess(*EXACT_SERVE_ARGS)
     client = openai.OpenAI(base_url=proc.url, api_key="unused", max_retries=0, timeout=300)
     assert client.chat.completions.create(model=MODEL, messages=chat("Hi"), max_tokens=3).choices
     assert proc.stop(signal.SIGINT) == 0, proc.stderr()

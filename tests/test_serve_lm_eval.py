@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from conftest import EXACT_SERVE_ARGS
 
 from npuw_kv.serve.child import ServeProcess
 
@@ -29,16 +30,11 @@ pytestmark = pytest.mark.slow(seconds=90)
 
 TASKS = Path(__file__).parent / "data" / "lm_eval_tasks"
 NAMES = ("npuw_kv_lastword", "npuw_kv_choice", "npuw_kv_answer")
-# the settings of conftest.py's f32_pipe: exact f32 compute and KV on the paged path
-EXACT_ARGS = (
-    "--exact", "--kv-precision", "f32", "--chunk", "256", "--max-prompt-len", "1024",
-    "--min-response-len", "64", "--attention", "pa",
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServeProcess(*EXACT_ARGS)
+    proc = ServeProcess(*EXACT_SERVE_ARGS)
     yield proc
     assert proc.stop() == 0, proc.stderr()
 

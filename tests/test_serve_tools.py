@@ -13,6 +13,7 @@ import jsonschema
 import openai
 import openvino_genai
 import pytest
+from conftest import EXACT_SERVE_ARGS
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -23,8 +24,6 @@ from npuw_kv.serve.child import ServeProcess
 pytestmark = pytest.mark.slow(seconds=90)
 
 MODEL = "smollm2"
-EXACT_ARGS = ("--exact", "--kv-precision", "f32", "--max-prompt-len", "1024",
-              "--min-response-len", "128", "--attention", "pa")  # fmt: skip
 TEMPLATE = Path(__file__).parent / "data" / "hermes_tools_template.jinja"
 WEATHER = {
     "type": "function",
@@ -44,7 +43,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServeProcess(*EXACT_ARGS)
+    proc = ServeProcess(*EXACT_SERVE_ARGS)
     yield proc
     assert proc.stop() == 0, proc.stderr()
 
@@ -172,7 +171,7 @@ def test_a_template_with_tools_gets_them(smol_dir):
     prompt = tokenizer.apply_chat_template(history, True, chat_template=template)
     assert '"get_weather"' in prompt
     expected = tokenizer.encode(prompt, add_special_tokens=False).input_ids.get_size()
-    proc = ServeProcess(*EXACT_ARGS, "--chat-template", str(TEMPLATE),
+    proc = ServeProcess(*EXACT_SERVE_ARGS, "--chat-template", str(TEMPLATE),
                         "--tool-call-parser", "hermes")  # fmt: skip
     try:
         client = openai.OpenAI(base_url=proc.url, api_key="unused", max_retries=0, timeout=300)
