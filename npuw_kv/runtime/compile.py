@@ -288,7 +288,7 @@ def checked_ladder(
         ladder = static_ladder(model, layout, shapes)  # V as [1, H, S, D] in both phases
     check_variants(decided.config, ladder)
     if decided.config.device == "NPU":
-        for _, static_model in (ladder.prefill[-1], ladder.generate[-1]):
+        for _, static_model in (*ladder.prefill[-1:], *ladder.generate[-1:]):
             refuse_run_time_shapes(static_model, "NPU")
     return ladder
 
