@@ -264,3 +264,19 @@ def test_cpu_snippets_off_where_npuw_gives_bf16_attention_f32_inputs(kwargs, wid
     assert ("CPU snippets off" in "\n".join(decided.lines())) is off
     cpu = decide(_BF16Core(), PipelineConfig.from_kwargs("CPU", static_models=True, **EXACT_F32))
     assert not cpu.cpu_snippets_off
+
+
+def test_npuw_llm_options_are_taken_or_refused_by_name_at_once():
+    """Options of NPUW's own LLM pipeline npuw-kv does not map were passed to the NPU plugin,
+    which refused them only when compiling (after a fold retry that blamed the model): now a
+    MoE hint of DENSE is taken (how experts run here) and anything else is refused at once."""
+    for key in ("NPUW_LLM_PREFILL_MOE_HINT", "npuw_llm_generate_moe_hint"):
+        config = PipelineConfig.from_kwargs("NPU", **{key: "dense"})
+        assert key.upper() not in config.compile_properties
+        with pytest.raises(ValueError, match=f"{key.upper()}=HOST_ROUTED: npuw-kv runs a mixture"):
+            PipelineConfig.from_kwargs("NPU", **{key: "HOST_ROUTED"})
+        with pytest.raises(ValueError, match="hints are DENSE, HOST_ROUTED, DEVICE_ROUTED"):
+            PipelineConfig.from_kwargs("NPU", **{key: "SPARSE"})
+    with pytest.raises(ValueError, match="NPUW_LLM_ENABLE_PREFIX_CACHING is an option of NPUW's"):
+        PipelineConfig.from_kwargs("NPU", NPUW_LLM_ENABLE_PREFIX_CACHING="YES")
+    assert PipelineConfig.from_kwargs("NPU", NPUW_LLM_MAX_PROMPT_LEN=256).max_prompt_len == 256

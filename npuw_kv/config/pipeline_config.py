@@ -28,6 +28,7 @@ from .settings import (
     STORE_BLOCK_TOKENS,
     label,
     normalize,
+    npuw_llm_option,
 )
 
 
@@ -309,6 +310,9 @@ class PipelineConfig:
         passthrough: dict[str, Any] = dict(kwargs.pop("compile_properties", None) or {})
         for key, value in kwargs.items():
             name = cls.setting_name(key)
+            if name is None and key.upper().startswith("NPUW_LLM_"):
+                npuw_llm_option(key.upper(), value)  # refused, or DENSE: what is done anyway
+                continue
             if name is None:
                 passthrough[key.upper()] = value
                 continue

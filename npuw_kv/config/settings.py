@@ -75,6 +75,33 @@ PASSTHROUGH = (
 )
 PASSTHROUGH_PREFIXES = ("NPUW_", "NPU_")
 
+# NPUW's own LLM pipeline's MoE hints: how it runs a mixture of experts per phase
+MOE_HINTS = ("NPUW_LLM_PREFILL_MOE_HINT", "NPUW_LLM_GENERATE_MOE_HINT")
+MOE_HINT_VALUES = ("DENSE", "HOST_ROUTED", "DEVICE_ROUTED")
+
+
+def npuw_llm_option(key: str, value: Any) -> None:
+    """An option of NPUW's own LLM pipeline that no setting here maps (npuw-kv replaces that
+    pipeline, and the NPU plugin refuses its options elsewhere, at compile time): a MoE hint
+    of DENSE is how npuw-kv runs experts anyway; any other is refused by name, now."""
+    if key in MOE_HINTS:
+        hint = str(value).strip().upper()
+        if hint not in MOE_HINT_VALUES:
+            raise UsageError(f"{key}={value!r}: NPUW's MoE hints are {', '.join(MOE_HINT_VALUES)}")
+        if hint != "DENSE":
+            raise UsageError(
+                f"{key}={hint}: npuw-kv runs a mixture of experts as its graph has it (every "
+                f"expert in the static models: DENSE); NPUW's LLM pipeline's {hint} rewrite is "
+                "not done here: leave it unset or DENSE"
+            )
+        return
+    mapped = sorted(k for k in ALIASES if k.startswith("NPUW_LLM_"))
+    raise UsageError(
+        f"{key} is an option of NPUW's own LLM pipeline, which npuw-kv replaces; the ones it "
+        f"takes: {', '.join(mapped)} (and {', '.join(MOE_HINTS)}=DENSE)"
+    )
+
+
 EXACT_F32 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 """CPU properties for an exact f32 run (the CPU plugin otherwise may use bf16 compute and
 int8 dynamic quantization of activations for compressed weights)."""
