@@ -80,6 +80,16 @@ def genai_reference(smol_dir: Path):
     return lambda ids, n: run(tuple(int(i) for i in ids), n)
 
 
+@pytest.fixture(scope="module")
+def exact_server():
+    """``npuw-kv serve`` at EXACT_SERVE_ARGS, one per test module, stopped with exit code 0."""
+    from npuw_kv.serve.child import ServeProcess
+
+    proc = ServeProcess(*EXACT_SERVE_ARGS)
+    yield proc
+    assert proc.stop() == 0, proc.stderr()
+
+
 @pytest.fixture(scope="session")
 def stateful_logits(smol_dir: Path):
     """``run(ids)``: every row's logits ``[n, vocab]`` from the original stateful IR, exact

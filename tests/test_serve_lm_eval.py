@@ -22,7 +22,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import EXACT_SERVE_ARGS
 
 from npuw_kv.serve.child import ServeProcess
 
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.slow(seconds=90)
 
 TASKS = Path(__file__).parent / "data" / "lm_eval_tasks"
 NAMES = ("npuw_kv_lastword", "npuw_kv_choice", "npuw_kv_answer")
-
-
-@pytest.fixture(scope="module")
-def server():
-    proc = ServeProcess(*EXACT_SERVE_ARGS)
-    yield proc
-    assert proc.stop() == 0, proc.stderr()
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +87,14 @@ def samples(out: Path, names: tuple[str, ...] = NAMES) -> dict[str, list[dict]]:
 
 
 def test_lm_eval_local_completions_at_its_defaults(
-    server, hf_tokenizer, prompt_logprobs_reference, f32_pipe, tmp_path
+    exact_server, hf_tokenizer, prompt_logprobs_reference, f32_pipe, tmp_path
 ):
     assert importlib.util.find_spec("lm_eval") is not None, (
         "lm-eval is not installed: pip install 'lm-eval[api]'"
     )
     from transformers import AutoTokenizer
 
-    done = run_lm_eval(server, hf_tokenizer, tmp_path)
+    done = run_lm_eval(exact_server, hf_tokenizer, tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(next((tmp_path / "results").rglob("results_*.json")).read_text())
     assert set(NAMES) <= set(results["results"]), results["results"]
@@ -131,7 +123,7 @@ def test_lm_eval_local_completions_at_its_defaults(
         assert sample["resps"][0][0] == expected.text, request
 
 
-def test_echo_logprobs_shape_and_batched_scores(server, prompt_logprobs_reference, text_ids):
+def test_echo_logprobs_shape_and_batched_scores(exact_server, prompt_logprobs_reference, text_ids):
     """Prompts as one id list and as a list of them, scored with max_tokens 0, several
     requests at once (their prompts read in the same batched steps): each token's
     log-probability as the reference's, the first null, offsets over prompt and answer."""
@@ -141,7 +133,7 @@ def test_echo_logprobs_shape_and_batched_scores(server, prompt_logprobs_referenc
     def ask(i: int) -> None:
         body = {"model": "smollm2", "prompt": prompts[i], "echo": True, "logprobs": 2}
         body["max_tokens"] = 0 if i % 2 else 3
-        with httpx.Client(base_url=server.url, timeout=300) as client:
+        with httpx.Client(base_url=exact_server.url, timeout=300) as client:
             replies[i] = client.post("/completions", json=body).json()
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
@@ -165,7 +157,7 @@ def test_echo_logprobs_shape_and_batched_scores(server, prompt_logprobs_referenc
         offsets = logprobs["text_offset"]
         assert offsets[0] == 0 and offsets == sorted(offsets)
     both = {"model": "smollm2", "prompt": [prompts[0], prompts[3]], "echo": True, "logprobs": 0}
-    with httpx.Client(base_url=server.url, timeout=300) as client:
+    with httpx.Client(base_url=exact_server.url, timeout=300) as client:
         reply = client.post("/completions", json={**both, "max_tokens": 0}).json()
     for choice, ids in zip(reply["choices"], (prompts[0], prompts[3]), strict=True):
         got = np.array(choice["logprobs"]["token_logprobs"][1:])
@@ -173,14 +165,14 @@ def test_echo_logprobs_shape_and_batched_scores(server, prompt_logprobs_referenc
         assert np.abs(got - prompt_logprobs_reference(ids)[0]).max() <= 1e-4
 
 
-def test_lm_eval_with_the_servers_tokenizer(server, hf_tokenizer, tmp_path):
+def test_lm_eval_with_the_servers_tokenizer(exact_server, hf_tokenizer, tmp_path):
     """``tokenizer_backend=remote``: lm-eval tokenizes through the server (/tokenizer_info,
     /tokenize, /detokenize), so a model with no Hugging Face tokenizer is evaluated too; its
     ids and loglikelihoods are those of the run with the local copy."""
     from lm_eval.utils import RemoteTokenizer
     from transformers import AutoTokenizer
 
-    remote = RemoteTokenizer(f"{server.url}/completions")  # as lm-eval makes it
+    remote = RemoteTokenizer(f"{exact_server.url}/completions")  # as lm-eval makes it
     local = AutoTokenizer.from_pretrained(hf_tokenizer)
     text = "The Sun is yellow because"
     assert remote.encode(text) == local(text, add_special_tokens=False).input_ids
@@ -189,7 +181,7 @@ def test_lm_eval_with_the_servers_tokenizer(server, hf_tokenizer, tmp_path):
     names = ("npuw_kv_lastword",)
     runs = {}
     for label, tokenizer in (("remote", None), ("local", hf_tokenizer)):
-        done = run_lm_eval(server, tokenizer, tmp_path / label, names)
+        done = run_lm_eval(exact_server, tokenizer, tmp_path / label, names)
         assert done.returncode == 0, done.stderr[-4000:]
         runs[label] = samples(tmp_path / label, names)["npuw_kv_lastword"]
     for ours, theirs in zip(runs["remote"], runs["local"], strict=True):

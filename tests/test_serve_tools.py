@@ -42,15 +42,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServeProcess(*EXACT_SERVE_ARGS)
-    yield proc
-    assert proc.stop() == 0, proc.stderr()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
+def client(exact_server):
+    return openai.OpenAI(base_url=exact_server.url, api_key="unused", max_retries=0, timeout=300)
 
 
 def valid(call, tools=(WEATHER, TIME)) -> dict:
@@ -129,8 +122,8 @@ def test_earlier_calls_and_tool_results_are_taken(client):
     assert answer.usage.prompt_tokens > bare.usage.prompt_tokens + 20
 
 
-def test_langchain_bind_tools_and_structured_output(server):
-    llm = ChatOpenAI(model=MODEL, base_url=server.url, api_key="unused", max_tokens=80,
+def test_langchain_bind_tools_and_structured_output(exact_server):
+    llm = ChatOpenAI(model=MODEL, base_url=exact_server.url, api_key="unused", max_tokens=80,
                      temperature=0, max_retries=0, timeout=300)  # fmt: skip
 
     @tool
