@@ -10,6 +10,8 @@ buffers.  One compiled model serves prefill chunks and generate steps over the s
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
@@ -30,6 +32,33 @@ _BLOCK_INDICES, _SLIDING_WINDOW = 7, 10
 def cache_inputs(model: ov.Model | ov.CompiledModel) -> list[ov.Output]:
     """The KV cache inputs of a paged model, K and V of every layer."""
     return [i for i in model.inputs if i.get_any_name().startswith(CACHE_PREFIXES)]
+
+
+# the rewrite's linear-attention state tables (``conv_state_table.0``, ...), and the inputs
+# that address them: a group per prefix (``la.``), each ``{prefix}`` + these four
+_STATE_TABLE = re.compile(r".+_state_table\.\d+$")
+STATE_PAGING = ("block_indices", "block_indices_begins", "past_lens", "cache_interval")
+
+
+def state_inputs(model: ov.Model | ov.CompiledModel) -> list[ov.Output]:
+    """The state tables of a paged hybrid model's linear-attention layers (none: no such
+    layer)."""
+    return [i for i in model.inputs if _STATE_TABLE.match(i.get_any_name())]
+
+
+def state_paging_prefixes(model: ov.Model | ov.CompiledModel) -> list[str]:
+    """The prefixes of the inputs that address the state tables (``la.``)."""
+    marker = STATE_PAGING[1]
+    names = [i.get_any_name() for i in model.inputs]
+    return [n.removesuffix(marker) for n in names if n.endswith(marker) and n != marker]
+
+
+def state_ops(model: ov.Model) -> dict[str, list[str]]:
+    """The ops reading each state table (``{"conv_state_table.0": ["PagedCausalConv1D"]}``)."""
+    return {
+        i.get_any_name(): sorted({t.get_node().get_type_name() for t in i.get_target_inputs()})
+        for i in state_inputs(model)
+    }
 
 
 def make_paged(model: ov.Model, full_logits: bool = False) -> ov.Model:

@@ -30,9 +30,14 @@ from ..kv.memory import ensure_fits
 from ..model.families import declared_window, npuw_unpartitioned, wide_activations
 from ..model.layout import KVLayout
 from ..model.lora import Adapter, LoraGraph, apply_lora
-from ..model.paged_rewrite import make_paged, split_block_tables
+from ..model.paged_rewrite import make_paged, split_block_tables, state_ops
 from ..model.source import read_ir
-from ..model.states import refuse_other_states
+from ..model.states import (
+    other_states,
+    refuse_on_static_path,
+    refuse_unpaged_states,
+    refuse_unwritten_states,
+)
 from ..model.variants import prepare
 from .compile import compile_paged, compile_requests
 from .device import npu_io
@@ -75,18 +80,19 @@ def build_runner(
     put into the graph after the backend's rewrites (they cut the LM head, which the adapters
     then never see), switched by alpha at run time.
     """
-    refuse_other_states(ir)  # before any rewrite: hybrid models are not run yet
+    hybrid = other_states(ir)  # linear-attention state: the paged path holds it
     build = _Builder(core, config, settings)
     wide = wide_activations(model_dir)
     decided = decide(core, config, wide)  # every ``auto``, once
     if decided.paged:
         paged = make_paged(ir, config.full_prefill_logits)
+        refuse_unpaged_states(paged)
         lora = apply_lora(paged, adapters) if adapters else None
         windows = split_block_tables(paged, kv_capacity)
         try:
             request = build.compile(lambda: compile_paged(core, paged, decided))
         except CompileError as exc:
-            if config.attention_backend != "auto" or build.refuses_properties():
+            if config.attention_backend != "auto" or build.refuses_properties() or hybrid:
                 raise
             room = config.prefix_cache_tokens
             tiers = [n for n in PAGED_ONLY if getattr(config, n)]
@@ -133,6 +139,8 @@ def build_runner(
                     shares_source=source,
                 ),
             )
+            if hybrid:
+                refuse_unwritten_states(paged_runner.memory.unwritten_states(), state_ops(paged))
             vocab = _vocab(request.get_compiled_model().output("logits"))
             return Built(
                 runner=paged_runner,
@@ -143,6 +151,7 @@ def build_runner(
                 lora=lora,
                 requests=(request,),
             )
+    refuse_on_static_path(hybrid)
     if os.environ.get(SHARES_ENV, "").strip():
         warnings.warn(
             f"{SHARES_ENV} ignored: it applies to attention_backend='pa' (one block pool per "

@@ -46,9 +46,11 @@ from .errors import (
     WindowTooLargeError,
 )
 from .eviction import PriorityRange
+from .hybrid import HybridBlockManager
 from .manager import KVBlockManager, PrefixHit
 from .planning import WindowGroup, plan_windows
 from .shares import Shares, assign_shares, format_shares, parse_window_shares, window_label
+from .state_slots import StatePaging, StateSlots
 from .stats import KVCacheEvent, ManagerStats, WindowCounters, WindowStats
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "BudgetTooSmallError",
     "ChunkTooLargeError",
     "ConfigError",
+    "HybridBlockManager",
     "InvalidTokensError",
     "KVBlock",
     "KVBlockManager",
@@ -74,6 +77,8 @@ __all__ = [
     "SequenceExistsError",
     "SequenceTooLongError",
     "Shares",
+    "StatePaging",
+    "StateSlots",
     "SharesError",
     "UnknownSequenceError",
     "WindowCounters",

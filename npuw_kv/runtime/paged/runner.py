@@ -228,14 +228,18 @@ class PagedRunner(Runner):
         return False
 
     def run(
-        self, parts: Sequence[tuple[Hashable, np.ndarray, int]], rows: int | Sequence[int] = 1
+        self,
+        parts: Sequence[tuple[Hashable, np.ndarray, int]],
+        rows: int | Sequence[int] = 1,
+        per_token: bool = False,
     ) -> np.ndarray:
         """One call over the new tokens of several sequences, a subsequence each: ``parts``
         are ``(sequence, its new ids, tokens it has cached)``.  The logits of each part's last
         ``rows`` tokens (one count for all, or one per part), in order (the model's LM head
         runs on those only); where the model keeps the head on every token
         (``full_prefill_logits``), every token's.  The array is the request's own: copy what
-        must outlive the next call."""
+        must outlive the next call.  ``per_token``: a hybrid model keeps the state after each
+        token apart (a speculative verify, which :meth:`truncate` may cut back)."""
         lengths = [int(ids.size) for _, ids, _ in parts]
         pasts = [past for _, _, past in parts]
         totals = [past + n for past, n in zip(pasts, lengths, strict=True)]
@@ -257,6 +261,10 @@ class PagedRunner(Runner):
             "block_indices_begins": np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32),
             "max_context_len": np.array(max(totals), np.int32),
             **tables,
+            **self.memory.state_paging(
+                [(seq, past, n) for (seq, _, past), n in zip(parts, lengths, strict=True)],
+                per_token,
+            ),
         }
         if self._rows_input:
             counts = [rows] * len(parts) if isinstance(rows, int) else list(rows)
@@ -292,9 +300,11 @@ class PagedRunner(Runner):
             ]
         return logits
 
-    def _infer(self, ids: np.ndarray, past: int, rows: int = 1) -> np.ndarray:
+    def _infer(
+        self, ids: np.ndarray, past: int, rows: int = 1, per_token: bool = False
+    ) -> np.ndarray:
         """The lone sequence's call: ``[rows, vocab]`` (``[n, vocab]`` with full logits)."""
-        return self.run([(self._seq, ids, past)], rows)
+        return self.run([(self._seq, ids, past)], rows, per_token)
 
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
         """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
@@ -362,7 +372,7 @@ class PagedRunner(Runner):
         past = self.tokens_in_cache
         with self.writing():
             self.blocks.add_tokens(self._seq, ids.tolist(), store=self.stores_generated)
-            logits = self._infer(ids, past, rows=int(ids.size))
+            logits = self._infer(ids, past, rows=int(ids.size), per_token=True)
         return logits[-ids.size :].copy()
 
     def truncate(self, length: int) -> None:
