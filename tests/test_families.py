@@ -14,9 +14,12 @@ the NPU path compiles it whole), GLM-4 (half-head rotary, post-norms), Phi-2 (pa
 attention and MLP, a biased untied head) and Gemma 2 (softcapped logits and attention, sliding
 windows), untied heads among them; gpt-oss (attention sinks, a sixth input of each attention op
 that every rewrite keeps) and granitemoe (refused on the NPU path by name: its experts are
-routed by data-dependent shapes).  Granite 4.0-H (Mamba-2 state beside the KV) is refused at
-load on every path.  Each export's tokens are first checked against the torch
-model's, as Gemma 2's export lifts optimum-intel's transformers version cap.
+routed by data-dependent shapes).  LFM2 (short convolutions) and Qwen3.5 (gated DeltaNet) keep
+a state per layer beside the KV: the paged path holds it in the block manager's state slots,
+the static paths refuse them by name.  Granite 4.0-H (Mamba-2) is refused on every path: the
+CPU plugin's paged op for it does not store its state.  Each export's tokens are first checked
+against the torch model's, as Gemma 2's, LFM2's and Qwen3.5's exports run past optimum-intel's
+transformers version caps.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import pytest
 from npuw_kv import LLMPipeline
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import ModelLayoutError
+from npuw_kv.model.families import model_type
 from npuw_kv.model.head import head_matmul
 from npuw_kv.model.source import resolve_model
+from npuw_kv.model.states import other_states
 from npuw_kv.model.transforms import lm_head_on_last
 from npuw_kv.model.variants import prepare
 
@@ -68,13 +73,20 @@ FAMILIES = {
     "gemma2": (0.05, 5),  # softcapped logits (tanh) and attention, alternating windows
     "gpt_oss": (0.3, 3),  # attention sinks, alternating windows, a mixture of experts
     "granitemoe": (0.3, 3),  # experts routed by data-dependent slices: refused on NPU
+    "lfm2": (0.3, 3),  # short convolutions beside attention: a conv state per layer
+    "qwen3_5_text": (0.3, 3),  # gated DeltaNet beside attention: conv and recurrent states
 }
+HYBRID = ("lfm2", "qwen3_5_text")  # state beside the KV: the paged path only
+_STATE = "it keeps state other than the KV cache .* the PagedAttention path holds it"
 # (family, path) -> what its refusal at load names
-REFUSED = {("granitemoe", "NPU"): "its mixture of experts routes tokens with shapes known only"}
+REFUSED = {
+    ("granitemoe", "NPU"): "its mixture of experts routes tokens with shapes known only",
+    **{(family, path): _STATE for family in HYBRID for path in ("CPU/sdpa", "NPU")},
+}
 
 
 def family_of(family_dir: Path) -> str:
-    return family_dir.name.rstrip("0123456789")
+    return model_type(family_dir)  # the arch it was built as (lfm2's dir is lfm20)
 
 
 def refused_here(family_dir: Path, path: str, device: str, **settings) -> bool:
@@ -156,6 +168,9 @@ def test_prepare_keeps_every_input_of_every_attention_op(family_dir):
     each op's every input: gpt-oss's sinks (a sixth input) were dropped, and its sdpa and NPU
     paths gave other tokens from the 17th on, with no error."""
     before = ov.Core().read_model(family_dir / "openvino_model.xml")
+    if family_of(family_dir) in HYBRID:  # refused before prepare() (the static paths' refusal)
+        assert other_states(before)
+        return
     kept = _attention_inputs(before)
     after, _ = prepare(ov.Core().read_model(family_dir / "openvino_model.xml"))
     assert _attention_inputs(after) == kept

@@ -110,8 +110,16 @@ def model_directory(given: PipelineArgs, zero_points: str) -> Iterator[Path]:
 _UNSUPPORTED = {
     "use_cache_eviction": (lambda v: bool(v), "there is no KV cache eviction inside a sequence"),
     "use_sparse_attention": (lambda v: bool(v), "prefill attention is dense"),
-    "num_linear_attention_blocks": (lambda v: bool(v), "no linear-attention states"),
-    "cache_interval_multiplier": (lambda v: v is not None, "no linear-attention states"),
+    "num_linear_attention_blocks": (
+        lambda v: bool(v),
+        "linear-attention state slots grow as sequences need them, and as many checkpoints are "
+        "kept as the KV holds intervals (num_kv_blocks / prefix_cache_tokens size that)",
+    ),
+    "cache_interval_multiplier": (
+        lambda v: v is not None,
+        "linear-attention states are checkpointed at every prefill chunk: set the interval with "
+        "max_num_batched_tokens (prefill_chunk_size)",
+    ),
 }
 
 
