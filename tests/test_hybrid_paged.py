@@ -26,6 +26,7 @@ from npuw_kv.generation.token_loops import generate_batch
 from npuw_kv.runtime.paged.scheduler import Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from conftest import shared_tiny_ir  # noqa: E402
 from make_tiny_optimum_ir import make_tiny_optimum_ir  # noqa: E402
 
 pytestmark = pytest.mark.slow(seconds=90)
@@ -35,8 +36,8 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def hybrid_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("qwen3_5")
-    return make_tiny_optimum_ir(out, arch="qwen3_5_text", std=0.3, seed=3)
+    out = tmp_path_factory.mktemp("qwen3_5") / "ir"  # the family matrix's export (shared)
+    return shared_tiny_ir(tmp_path_factory, out, arch="qwen3_5_text", std=0.3, seed=3, keep_hf=True)
 
 
 @pytest.fixture(scope="module")
