@@ -1,8 +1,10 @@
-"""What the two tiny-model scripts share: the SmolLM2 GGUF location and the shape options."""
+"""What the tiny-model scripts share: the SmolLM2 GGUF location, the shape options, imports
+of the optional export packages with an install hint."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,21 @@ SHAPE_OPTIONS: tuple[tuple[str, type, Any], ...] = (
     ("seed", int, 0),
     ("std", float, 0.1),
 )
+
+PIP_HINT = "pip install -e '.[optimum]' && pip install --no-deps optimum-intel==2.2.0"
+
+
+def require(name: str) -> Any:
+    """Import ``name``, or fail saying how to install the export packages."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise RuntimeError(f"cannot import {name!r} ({exc}); install with: {PIP_HINT}") from exc
+    except RuntimeError as exc:  # torchvision: "operator torchvision::nms does not exist"
+        raise RuntimeError(
+            f"cannot import {name!r} ({exc}); if torchvision is installed, "
+            f"'pip uninstall -y torchvision'. Install with: {PIP_HINT}"
+        ) from exc
 
 
 def smollm2_gguf_path() -> Path:
