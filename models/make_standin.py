@@ -11,6 +11,14 @@ nothing.  Shapes:
 * ``qwen2.5-0.5b``: 24 layers, hidden 896, 14 query / 2 KV heads of 64, MLP 4864, q/k/v
   biases, RoPE base 1000000, tied embeddings, and its 151936-entry embedding and head (the
   ids past the tokenizer's 49152 decode to nothing).
+* ``lfm2-350m``: 16 layers, hidden 1024, of which 6 attention (layers 2, 5, 8, 10, 12, 14; 16
+  query / 8 KV heads of 64, q/k norms) and 10 gated short convolutions (3 taps), MLP 4608
+  (its block_ff_dim 6656 auto-adjusted), RoPE base 1000000, tied embeddings, its 65536-entry
+  vocabulary.
+* ``qwen3.5-0.8b``: Qwen3.5-0.8B's text model: 24 layers, hidden 1024, MLP 3584, every 4th
+  layer gated attention (8 query / 2 KV heads of 256, RoPE on a quarter of each head, base
+  10^7), the others gated DeltaNet (16 key / 16 value heads of 128, a 4-tap conv), tied
+  embeddings, its 248320-entry vocabulary.
 
 The fp16 export is make_tiny_optimum_ir.py's path (transformers + optimum-intel, as
 ``optimum-cli export openvino --weight-format fp16``); ``--weights int4`` then has nncf
@@ -29,10 +37,19 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from make_tiny_optimum_ir import _require, make_tiny_optimum_ir
+from make_tiny_optimum_ir import make_tiny_optimum_ir
+from tiny_common import require as _require
+
+
+def _layers(base: str, other: str, count: int, at: Iterable[int]) -> list[str]:
+    """``count`` layer kinds, ``other`` at the indices ``at`` and ``base`` elsewhere."""
+    marked = set(at)
+    return [other if i in marked else base for i in range(count)]
+
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.2-1b": {
@@ -56,6 +73,48 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rope_base": 1000000.0,
         "rms_eps": 1e-6,
         "vocab": 151936,
+    },
+    "lfm2-350m": {
+        "arch": "lfm2",
+        "layers": 16,
+        "hidden": 1024,
+        "heads": 16,
+        "kv_heads": 8,
+        "intermediate": 4608,  # block_ff_dim 6656 auto-adjusted: 2/3 of it, up to a multiple of 256
+        "context": 128000,
+        "rope_base": 1000000.0,
+        "vocab": 65536,
+        "config_overrides": {
+            "layer_types": _layers("conv", "full_attention", 16, (2, 5, 8, 10, 12, 14))
+        },
+    },
+    "qwen3.5-0.8b": {
+        "arch": "qwen3_5_text",
+        "layers": 24,
+        "hidden": 1024,
+        "heads": 8,
+        "kv_heads": 2,
+        "intermediate": 3584,
+        "context": 262144,
+        "rms_eps": 1e-6,
+        "vocab": 248320,
+        "config_overrides": {
+            "layer_types": _layers("linear_attention", "full_attention", 24, range(3, 24, 4)),
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 16,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": True,
+        },
     },
 }
 WEIGHTS = ("int4", "fp16")

@@ -101,6 +101,7 @@ def make_tiny_optimum_ir(
     arch: str = "llama",
     sliding_window: int = 16,
     vocab: int | None = None,
+    config_overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Build a seeded random causal LM and export it to ``out_dir``; return ``out_dir``.
 
@@ -117,6 +118,8 @@ def make_tiny_optimum_ir(
     exports only with transformers <= 5.0 (optimum-intel 2.2's cap; Gemma 3 runs from its GGUF).
     ``vocab``: rows of the embedding and head beyond the tokenizer's (a stand-in of a model
     with a larger vocabulary; ids past the tokenizer's decode to nothing).
+    ``config_overrides``: config settings that win over all the above (a stand-in's exact
+    layer pattern, head sizes, RoPE).
 
     The torch model and tokenizer are saved to ``out_dir/hf`` (deleted afterwards unless
     ``keep_hf``); the export equals ``optimum-cli export openvino --model OUT/hf --task
@@ -152,7 +155,8 @@ def make_tiny_optimum_ir(
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    config = config_class(**{**settings, **extra})  # a family's own settings win
+    # a family's own settings win, and the caller's over those
+    config = config_class(**{**settings, **extra, **(config_overrides or {})})
     torch.manual_seed(seed)
     model = model_class(config).eval()
     model.generation_config.do_sample = False
