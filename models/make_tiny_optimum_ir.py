@@ -110,8 +110,8 @@ def make_tiny_optimum_ir(
     hybrid form), for tests of sliding-window attention; ``granite`` (its logits divided by
     ``logits_scaling`` after the head) for a model that changes its logits after the head;
     ``olmo2``, ``gpt_neox``, ``qwen3``, ``phi3``, ``stablelm``, ``starcoder2``, ``falcon``,
-    ``gpt2``, ``glm4``, ``phi`` (Phi-2), ``gemma2``, ``gpt_oss`` (attention sinks), ``granitemoe``
-    and ``granitemoehybrid`` (Granite 4.0-H, Mamba-2 layers) for the family matrix
+    ``gpt2``, ``glm4``, ``phi`` (Phi-2), ``gemma2``, ``gpt_oss`` (attention sinks), ``granitemoe``,
+    ``qwen3_moe`` and ``granitemoehybrid`` (Granite 4.0-H, Mamba-2 layers) for the family matrix
     (tests/test_families.py); ``lfm2`` (short-conv layers) and ``qwen3_5_text`` (Qwen3.5's
     gated DeltaNet layers), each beside attention layers, exported with transformers 5.5 by
     the shims of ``tiny_export_shims``; ``qwen2.5`` (Qwen2 with every layer full). ``gemma3``
@@ -315,6 +315,19 @@ def _granitemoe(transformers: Any, layers: int, window: int) -> tuple[Any, Any, 
     return transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM, extra
 
 
+def _qwen3_moe(transformers: Any, layers: int, window: int) -> tuple[Any, Any, dict[str, Any]]:
+    # Qwen3's attention (q/k norms) with a softmax-routed mixture of experts in every layer
+    extra = {
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+    }
+    return transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, extra
+
+
 def _granitemoehybrid(
     transformers: Any, layers: int, window: int
 ) -> tuple[Any, Any, dict[str, Any]]:
@@ -387,6 +400,7 @@ ARCHS = {
     "gemma3": _gemma3,
     "gpt_oss": _gpt_oss,
     "granitemoe": _granitemoe,
+    "qwen3_moe": _qwen3_moe,
     "granitemoehybrid": _granitemoehybrid,
     "lfm2": _lfm2,
     "qwen3_5_text": _qwen3_5_text,

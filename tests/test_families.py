@@ -14,7 +14,8 @@ the NPU path compiles it whole), GLM-4 (half-head rotary, post-norms), Phi-2 (pa
 attention and MLP, a biased untied head) and Gemma 2 (softcapped logits and attention, sliding
 windows), untied heads among them; gpt-oss (attention sinks, a sixth input of each attention op
 that every rewrite keeps) and granitemoe (refused on the NPU path by name: its experts are
-routed by data-dependent shapes).  LFM2 (short convolutions) and Qwen3.5 (gated DeltaNet) keep
+routed by data-dependent shapes); Qwen3-MoE (every layer's experts weighed densely: static on
+every path).  LFM2 (short convolutions) and Qwen3.5 (gated DeltaNet) keep
 a state per layer beside the KV: the paged path holds it in the block manager's state slots,
 the static paths refuse them by name.  Granite 4.0-H (Mamba-2) is refused on every path: the
 CPU plugin's paged op for it does not store its state.  Each export's tokens are first checked
@@ -74,6 +75,7 @@ FAMILIES = {
     "gemma2": (0.05, 5),  # softcapped logits (tanh) and attention, alternating windows
     "gpt_oss": (0.3, 3),  # attention sinks, alternating windows, a mixture of experts
     "granitemoe": (0.3, 3),  # experts routed by data-dependent slices: refused on NPU
+    "qwen3_moe": (0.3, 3),  # softmax-routed experts in every layer, q/k norms, untied head
     "lfm2": (0.3, 3),  # short convolutions beside attention: a conv state per layer
     "qwen3_5_text": (0.3, 3),  # gated DeltaNet beside attention: conv and recurrent states
 }
