@@ -43,6 +43,7 @@ from npuw_kv.model.source import resolve_model
 from npuw_kv.model.states import other_states
 from npuw_kv.model.transforms import lm_head_on_last
 from npuw_kv.model.variants import prepare
+from npuw_kv.runtime import build
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from conftest import shared_tiny_ir  # noqa: E402
@@ -340,19 +341,27 @@ def test_a_graph_npuw_kv_cannot_take_is_refused_naming_the_family(smol_dir, tmp_
             LLMPipeline(tmp_path, "CPU", attention_backend=backend)
 
 
-def test_granite_4_h_is_refused_where_its_state_is_not_kept(tmp_path_factory, prompt):
+def test_granite_4_h_is_refused_where_it_would_answer_wrong(tmp_path_factory, prompt, monkeypatch):
     """Granite 4.0-H keeps Mamba-2 state beside its KV.  The static and NPU paths hold KV only
     and refuse it at load, naming the state and the path that holds it.  The paged path would
-    hold it, but the CPU plugin's PagedSelectiveSSM does not store its state (found by a probe
-    call at load): refused naming the op, since genai's continuous batching on the same op
-    answers differently from the torch model, and genai's stateful SDPA path answers right."""
+    hold it, but its export numbers tokens from the past length (after OpenVINO's rewrite one
+    position for a whole prefill chunk), and the CPU plugin's PagedSelectiveSSM does not store
+    its state (a probe call at load finds the table zero): refused naming either.  genai's
+    continuous batching runs that graph and answers differently from the torch model; its
+    stateful SDPA path answers right."""
     out = make_tiny_optimum_ir(
         tmp_path_factory.mktemp("hybrid"), arch="granitemoehybrid", std=0.3, seed=3, keep_hf=True
     )
+    pa = {**EXACT_F32, **PATHS["CPU/pa"][1]}
+    with pytest.raises(ModelLayoutError, match="a granitemoehybrid model: 1 of its attention "
+                       "layers take their rotary positions from the cache length"):  # fmt: skip
+        LLMPipeline(out, "CPU", max_prompt_len=512, **pa)
+    monkeypatch.setattr(build, "positions_from_cache_length", lambda model: 0)
     with pytest.raises(ModelLayoutError, match="a granitemoehybrid model: the CPU plugin of "
                        "OpenVINO .* does not store the state of its PagedSelectiveSSM "
                        "\\(selective_ssm_state_table.0 stay zero"):  # fmt: skip
-        LLMPipeline(out, "CPU", max_prompt_len=512, **EXACT_F32, **PATHS["CPU/pa"][1])
+        LLMPipeline(out, "CPU", max_prompt_len=512, **pa)
+    monkeypatch.undo()
     for path in ("CPU/sdpa", "NPU"):
         device, extra = PATHS[path]
         with pytest.raises(ModelLayoutError, match="a granitemoehybrid model: it keeps state "

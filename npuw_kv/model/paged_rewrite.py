@@ -115,6 +115,37 @@ def _attention_by_layer(model: ov.Model) -> list[tuple[int, ov.Node]]:
     return sorted(found.items())
 
 
+def positions_from_cache_length(model: ov.Model) -> int:
+    """How many attention ops of a paged model take their keys' positions from the cache
+    length instead of ``position_ids``.
+
+    An export that numbers its tokens from the past length in the graph (rather than taking
+    ``position_ids``) becomes, after OpenVINO's rewrite, rotary positions of
+    ``max_context_len - 1`` for every token of a call: right for one token, wrong for every
+    token but the last of a prefill chunk (optimum-intel 2.2's text-only Qwen3.5, LFM2 under
+    transformers 5.5, Granite 4.0-H).  Found by which of the two inputs reaches each op's key
+    from its own layer (the walk stops at the earlier layers' attention ops).
+    """
+    wanted = {"position_ids", "max_context_len"}
+    reach: dict[str, frozenset[str]] = {}
+    wrong = 0
+    for node in model.get_ordered_ops():
+        kind = node.get_type_name()
+        if kind == "Parameter":
+            names = node.output(0).get_names() | {node.get_friendly_name()}
+            reach[node.get_name()] = frozenset(names & wanted)
+            continue
+        seen = frozenset().union(
+            *(reach[i.get_source_output().get_node().get_name()] for i in node.inputs())
+        )
+        if kind == "PagedAttentionExtension":
+            key = reach[node.input(1).get_source_output().get_node().get_name()]
+            wrong += "max_context_len" in key and "position_ids" not in key
+            seen = frozenset()
+        reach[node.get_name()] = seen
+    return wrong
+
+
 def split_block_tables(model: ov.Model, capacity: int) -> tuple[int | None, ...]:
     """Give the layers of each sliding window a block table of their own; return the windows.
 

@@ -77,3 +77,17 @@ def refuse_unwritten_states(unwritten: list[str], ops: Mapping[str, list[str]]) 
             "continuous batching runs the same op (its default on the CPU) and answers "
             "wrong too, openvino_genai.LLMPipeline(..., ATTENTION_BACKEND='SDPA') runs it right"
         )
+
+
+def refuse_positions_from_cache_length(wrong: int) -> None:
+    """A ``ModelLayoutError`` for a paged model whose attention numbers a call's tokens from
+    the cache length (:func:`~.paged_rewrite.positions_from_cache_length`)."""
+    if wrong:
+        raise ModelLayoutError(
+            f"{wrong} of its attention layers take their rotary positions from the cache length "
+            "instead of position_ids (the export numbers tokens from the past length), which "
+            "OpenVINO's PagedAttention rewrite turns into one position for every token of a "
+            "prefill chunk: its answers would be wrong. Export it so that its attention takes "
+            "position_ids, or run it with openvino_genai.LLMPipeline(..., "
+            "ATTENTION_BACKEND='SDPA')"
+        )

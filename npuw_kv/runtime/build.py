@@ -30,11 +30,17 @@ from ..kv.memory import ensure_fits
 from ..model.families import declared_window, npuw_unpartitioned, wide_activations
 from ..model.layout import KVLayout
 from ..model.lora import Adapter, LoraGraph, apply_lora
-from ..model.paged_rewrite import make_paged, split_block_tables, state_ops
+from ..model.paged_rewrite import (
+    make_paged,
+    positions_from_cache_length,
+    split_block_tables,
+    state_ops,
+)
 from ..model.source import read_ir
 from ..model.states import (
     other_states,
     refuse_on_static_path,
+    refuse_positions_from_cache_length,
     refuse_unpaged_states,
     refuse_unwritten_states,
 )
@@ -87,6 +93,7 @@ def build_runner(
     if decided.paged:
         paged = make_paged(ir, config.full_prefill_logits)
         refuse_unpaged_states(paged)
+        refuse_positions_from_cache_length(positions_from_cache_length(paged))
         lora = apply_lora(paged, adapters) if adapters else None
         windows = split_block_tables(paged, kv_capacity)
         try:
