@@ -274,7 +274,7 @@ class PagedRunner(Runner):
                     for end, n, r in zip(ends, lengths, counts, strict=True)
                 ]
             ).astype(np.int64)
-        self.request.infer(inputs)
+        self.request.infer(inputs, share_outputs=True)  # read below: no copy of the logits
         logits = self.request.get_tensor("logits").data
         return logits.reshape(-1, logits.shape[-1])
 
