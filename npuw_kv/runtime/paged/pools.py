@@ -12,7 +12,7 @@ makes the block manager that places blocks in them; the runner only runs tokens.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +25,6 @@ from ...kv.blocks import (
     KVBlockManager,
     PoolKind,
     Shares,
-    StateSlots,
     assign_shares,
     format_shares,
     parse_window_shares,
@@ -42,15 +41,8 @@ from ...kv.paged_cache import (
     plan_pools,
     sequence_blocks,
 )
-from ...kv.state_pool import StatePool, StateSpec
-from ...model.paged_rewrite import (
-    CACHE_PREFIXES,
-    STATE_PAGING,
-    block_table_input,
-    cache_inputs,
-    state_inputs,
-    state_paging_prefixes,
-)
+from ...model.paged_rewrite import CACHE_PREFIXES, block_table_input, cache_inputs
+from .states import PagedStates
 
 
 class PagedPools:
@@ -109,92 +101,32 @@ class PagedPools:
         }
         self.moved_bytes = 0  # block moves: SWA prefix hits, host-tier offloads and restores
         self._shares, self._source = shares, shares_source
-        self.states = self._state_pool(request.get_compiled_model())
+        interval = blocks_for(chunk, self.block_size) * self.block_size
+        self.states = PagedStates.of(request, interval)  # a hybrid model's
         self.allocate(self.plan_for(shares, shares_source))
 
     # -- a hybrid model's linear-attention states ----------------------------------------------
-    def _state_pool(self, compiled: ov.CompiledModel) -> StatePool | None:
-        """The state tables, bound (None: no linear-attention layer).  A state is
-        checkpointed every ``state_interval`` tokens: the chunk rounded up to whole blocks, so
-        a prompt's chunks end where checkpoints are and a reused one is what a fresh run
-        computes."""
-        specs = [
-            StateSpec(
-                i.get_any_name(),
-                i.get_element_type(),
-                tuple(d.get_length() for d in list(i.get_partial_shape())[1:]),
-            )
-            for i in state_inputs(compiled)
-        ]
-        self.state_prefixes = state_paging_prefixes(compiled)
-        if not specs:
-            return None
-        if not self.state_prefixes:
-            raise ValueError("the model has state tables but no inputs that address them")
-        self.state_interval = blocks_for(self.chunk, self.block_size) * self.block_size
-        pool = StatePool(specs, 2 + self._max_checkpoints())
-        self._bind_states(pool)
-        return pool
-
     def _max_checkpoints(self) -> int:
-        """One checkpoint per interval of the tokens the KV pools hold."""
-        return -(-(self.capacity + self.room) // self.state_interval)
-
-    def _bind_states(self, pool: StatePool) -> None:
-        for name, tensor in pool.tensors.items():
-            self.request.set_tensor(name, tensor)
-
-    def _grow_states(self, slots: int) -> None:
+        """One state checkpoint per interval of the tokens the KV pools hold."""
         assert self.states is not None
-        self.states = self.states.grown(slots)
-        self._bind_states(self.states)
-
-    def _copy_state(self, src: int, dst: int) -> None:
-        assert self.states is not None
-        self.states.copy(src, dst)
+        return -(-(self.capacity + self.room) // self.states.interval)
 
     def state_paging(
-        self, parts: Sequence[tuple[object, int, int]], per_token: bool = False
+        self, parts: Sequence[tuple[Hashable, int, int]], per_token: bool = False
     ) -> dict[str, np.ndarray]:
         """The inputs addressing the state tables in one call over ``parts`` (``(sequence,
         past, new tokens)``); none for a model without linear-attention layers."""
         if self.states is None:
             return {}
         assert isinstance(self.blocks, HybridBlockManager)
-        paging = self.blocks.state_paging(parts, per_token)
-        values = (paging.slots, paging.begins, paging.past_lens, paging.intervals)
-        return {
-            prefix + name: value
-            for prefix in self.state_prefixes
-            for name, value in zip(STATE_PAGING, values, strict=True)
-        }
+        return self.states.inputs(self.blocks.state_paging(parts, per_token))
 
     def unwritten_states(self) -> list[str]:
-        """The state tables the device does not write: one call of four tokens from the zero
-        state into slot 1, on the cache's first block, then both zeroed again.  A plugin that
-        computes a linear-attention op without storing its state answers wrong silently."""
+        """The state tables the device does not write (:meth:`PagedStates.unwritten`)."""
         if self.states is None:
             return []
-        tokens = 4
-        inputs = {
-            "input_ids": np.arange(1, tokens + 1, dtype=np.int64),
-            "position_ids": np.arange(tokens, dtype=np.int64),
-            "past_lens": np.zeros(1, np.int32),
-            "subsequence_begins": np.array([0, tokens], np.int32),
-            "block_indices_begins": np.array([0, 1], np.int32),
-            "max_context_len": np.array(tokens, np.int32),
-            **{name: np.zeros(1, np.int32) for name in self.table_inputs.values()},
-        }
-        values = (np.array([0, 1], np.int32), np.array([0, 2], np.int32), [0], [0])
-        for prefix in self.state_prefixes:
-            for name, value in zip(STATE_PAGING, values, strict=True):
-                inputs[prefix + name] = np.asarray(value, np.int32)
-        names = {i.get_any_name() for i in self.request.get_compiled_model().inputs}
-        self.request.infer({k: v for k, v in inputs.items() if k in names})
-        unwritten = [n for n, t in self.states.tensors.items() if not t.data[1].any()]
-        for tensor in (*self.states.tensors.values(), *self.cache.tensors.values()):
-            tensor.data[:2] = 0
-        return unwritten
+        tables = {name: np.zeros(1, np.int32) for name in self.table_inputs.values()}
+        return self.states.unwritten(tables, list(self.cache.tensors.values()))
 
     @property
     def windowed(self) -> bool:
@@ -342,13 +274,7 @@ class PagedPools:
         )
         if self.states is None:
             return KVBlockManager(config, copy_slots=self._copy_block)
-        slots = StateSlots(
-            self.states.slots,
-            self.state_interval,
-            self._max_checkpoints(),
-            grow=self._grow_states,
-            copy=self._copy_state,
-        )
+        slots = self.states.slots(self._max_checkpoints())
         return HybridBlockManager(config, copy_slots=self._copy_block, states=slots)
 
     def _copy_block(
@@ -387,13 +313,4 @@ class PagedPools:
         if self.states is None:
             return {}
         assert isinstance(self.blocks, HybridBlockManager)
-        slots = self.blocks.states
-        return {
-            "state_slots": self.states.slots,
-            "state_slots_used": slots.used,
-            "state_checkpoints": slots.checkpoints,
-            "state_checkpoint_interval": self.state_interval,
-            "state_checkpoints_reused": slots.reused,
-            "state_bytes_allocated": self.states.bytes_allocated,
-            "state_copied_bytes": self.states.copied_bytes,
-        }
+        return self.states.stats(self.blocks.states)
