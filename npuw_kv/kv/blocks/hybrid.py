@@ -13,8 +13,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, SupportsIndex
 
 from .eviction import PriorityRange
-from .manager import KVBlockManager, PrefixHit
+from .manager import KVBlockManager
 from .state_slots import StatePaging, StateSlots
+from .window_manager import WindowMatch
 
 
 class HybridBlockManager(KVBlockManager):
@@ -24,28 +25,25 @@ class HybridBlockManager(KVBlockManager):
         super().__init__(*args, **kwargs)
         self.states = states
 
-    def lookup(self, tokens: Iterable[int], *, max_hit_tokens: int | None = None) -> PrefixHit:
-        """The KV hit cut to the longest prefix whose state is checkpointed."""
-        ids = list(tokens)
-        hit = super().lookup(ids, max_hit_tokens=max_hit_tokens)
-        cut = self.states.reusable(ids, hit.hit_tokens)
-        return PrefixHit(cut, {w: min(n, cut) for w, n in hit.per_window.items()})
+    def _match(self, tokens: Sequence[int], limit: int) -> tuple[int, dict[int, WindowMatch]]:
+        """The KV hit (``lookup``'s and ``add_sequence``'s) cut to the longest prefix whose
+        state is checkpointed: each cut matches the windows again, up to the checkpoint."""
+        k, matches = super()._match(tokens, limit)
+        while (cut := self.states.reusable(tokens, k * self.tpb)) != k * self.tpb:
+            k, matches = super()._match(tokens, cut)
+        return k, matches
 
     def add_sequence(
         self,
         seq_id: Hashable,
         tokens: Iterable[int],
         priority: SupportsIndex | Sequence[PriorityRange] | None = None,
-        *,
-        reuse: bool = True,
-        max_hit_tokens: int | None = None,
+        **reuse: Any,
     ) -> int:
+        """:meth:`KVBlockManager.add_sequence`; the state starts at the reused prefix's
+        checkpoint (``reuse``: its keywords)."""
         ids = list(tokens)
-        if reuse:
-            max_hit_tokens = self.lookup(ids, max_hit_tokens=max_hit_tokens).hit_tokens
-        reused = super().add_sequence(
-            seq_id, ids, priority, reuse=reuse, max_hit_tokens=max_hit_tokens
-        )
+        reused = super().add_sequence(seq_id, ids, priority, **reuse)
         self.states.start(seq_id, ids, reused)
         return reused
 
