@@ -52,11 +52,7 @@ def refuse_on_static_path(kinds: list[str]) -> None:
 def refuse_unpaged_states(paged: ov.Model) -> None:
     """A ``ModelLayoutError`` when the paged rewrite left a state as a variable (a layer kind
     OpenVINO's rewrite has no paged op for)."""
-    left = sorted(
-        n.get_variable_id() if hasattr(n, "get_variable_id") else n.get_friendly_name()
-        for n in paged.get_ops()
-        if n.get_type_name() == "ReadValue"
-    )
+    left = sorted(n.get_variable_id() for n in paged.get_ops() if n.get_type_name() == "ReadValue")
     if left:
         raise ModelLayoutError(
             f"OpenVINO's PagedAttention rewrite left its state {', '.join(left)} unpaged (no "

@@ -38,24 +38,22 @@ class Device:
         self.content[dst] = self.content[src]
 
     def call(self, paging: StatePaging, tokens: list[list[int]]) -> None:
-        reads: list[tuple[int, tuple[int, ...]]] = []
-        written: list[int] = []
+        reads: list[int] = []
         for i, seq_tokens in enumerate(tokens):
             slots = paging.slots[paging.begins[i] : paging.begins[i + 1]].tolist()
             past, size = int(paging.past_lens[i]), int(paging.intervals[i])
             assert self.content[slots[0]] == tuple(seq_tokens[:past]), "read a wrong state"
-            reads.append((slots[0], tuple(seq_tokens[:past])))
+            reads.append(slots[0])
             first = past // size
             assert len(slots) - 1 == (len(seq_tokens) - 1) // size - first + 1
             for k, slot in enumerate(slots[1:]):
                 assert slot != ZERO, "the zero state written"
                 end = min((first + k + 1) * size, len(seq_tokens))
                 self.content[slot] = tuple(seq_tokens[:end])
-                written.append(slot)
         # the op runs the sequences side by side: none may write what another reads or writes
         own = [tuple(paging.slots[paging.begins[i] + 1 : paging.begins[i + 1]].tolist())
                for i in range(len(tokens))]  # fmt: skip
-        for i, (slot, _) in enumerate(reads):
+        for i, slot in enumerate(reads):
             others = {s for j, w in enumerate(own) if j != i for s in w}
             assert slot not in others, "a slot read and written by different sequences"
         for i, w in enumerate(own):
