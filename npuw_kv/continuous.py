@@ -194,10 +194,11 @@ class ContinuousBatchingPipeline:
             settings["scheduler_config"] = scheduler_config
         self.engine = Engine(models_path, (device,), settings, tokenizer_properties)
         runner = self.engine.runner
-        if not isinstance(runner, PagedRunner) or self.engine.batch is None:
+        if self.engine.batch is None:
             raise UsageError(
-                "ContinuousBatchingPipeline runs on the paged path (device CPU, "
-                "attention_backend 'pa'); the static-shape path runs one sequence at a time"
+                "ContinuousBatchingPipeline runs where sequences run together: the paged path "
+                "(device CPU, attention_backend 'pa') or the NPU path with max_num_seqs > 1; "
+                "the CPU's static-shape path runs one sequence at a time"
             )
         self.runner = runner
         # the engine's running batch: the calls of an LLMPipeline over the same engine
@@ -301,14 +302,20 @@ class ContinuousBatchingPipeline:
         except NumericError as exc:
             raise self._explain(exc) from exc
         loops, runner = self.batch.loops, self.runner
-        windows = runner.blocks.stats().windows.values()
-        usage = max((100.0 * w.primary_used / w.primary_total for w in windows), default=0.0)
+        if isinstance(runner, PagedRunner):
+            windows = runner.blocks.stats().windows.values()
+            usage = max((100.0 * w.primary_used / w.primary_total for w in windows), default=0.0)
+            cache_bytes = runner.cache.bytes_allocated
+        else:  # the NPU path's slots: how many hold a live sequence, and the pool
+            report = self.batch.scheduler.stats.report()
+            usage = 100.0 * self.batch.scheduler.slots_held / self.batch.scheduler.max_num_seqs
+            cache_bytes = int(report.get("kv_pool_bytes", 0))
         self._metrics.step(
             requests=self.batch.requests,
             scheduled=loops.last_requests,
             usage=usage,
             duration_us=loops.last_duration_us,
-            cache_bytes=runner.cache.bytes_allocated,
+            cache_bytes=cache_bytes,
         )
 
     def _explain(self, error: BaseException) -> BaseException:

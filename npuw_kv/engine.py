@@ -48,6 +48,7 @@ from .runtime.build import build_runner
 from .runtime.heap import fix_mmap_threshold, release_free_heap
 from .runtime.paged.runner import PagedRunner
 from .runtime.runner import Runner
+from .runtime.static.slot_scheduler import SlotScheduler
 
 History = list[dict[str, str]]
 
@@ -131,7 +132,8 @@ class Engine:
             self.runner.size_cache(cache_bytes, "scheduler_config.cache_size")
             room_given = True
         self.batch_stats: dict[str, int] = {}  # the last batched call's steps (kv_stats)
-        # the paged path's running batch, which calls from several threads join
+        # the running batch that calls from several threads join: the paged path's, or the
+        # static path's slots with packed generate models
         self.batch = (
             RunningBatch(
                 self.runner,
@@ -143,8 +145,9 @@ class Engine:
                 mode=self.lora.current if self.lora is not None else None,
                 switch=self.use_adapters,
                 assisted=self.assisted,
+                scheduler=SlotScheduler(built.packed) if built.packed is not None else None,
             )
-            if isinstance(self.runner, PagedRunner)
+            if isinstance(self.runner, PagedRunner) or built.packed is not None
             else None
         )
         # the graph we prepared and the compiler's temporaries were freed into the C heap, which

@@ -295,3 +295,31 @@ def test_a_window_as_long_as_the_kv_cache_is_not_declared(tmp_path):
 def test_declared_window_reads_a_gguf_conversions_source_info(tmp_path):
     (tmp_path / "npuw_kv_source.json").write_text(json.dumps({"sliding_window": 1024}))
     assert declared_window(tmp_path) == 1024
+
+
+@pytest.mark.npu_path
+@pytest.mark.parametrize("path", ["npu", "npu-full"])
+def test_packed_sequences_keep_each_window(swa, reference, path):
+    """Sequences stepping together in packed generate models (model/packed.py), each past its
+    window: each reads its own window (its ring, or the slots of its whole past), as alone."""
+    import threading
+
+    device, extra = PATHS[path]
+    pipe = LLMPipeline(swa[1], device, max_num_seqs=4, **{**SETTINGS, **extra})
+    prompts = [_ids(n) for n in (C + 1, 60, 9, 33)]
+    out: list = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def call(i: int) -> None:
+        start.wait()
+        out[i] = pipe.generate(prompts[i], max_new_tokens=24, ignore_eos=True).tokens
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for prompt, tokens in zip(prompts, out, strict=True):
+        assert tokens == reference(prompt, 24), f"{path}, prompt of {prompt.size}"
+    stats = pipe.kv_stats()
+    assert stats["packed_rows"] >= 2 * stats["packed_steps"] > 0

@@ -160,7 +160,7 @@ def test_auto_builds_the_plain_ladder_where_one_phase_did_not_match(monkeypatch)
     layout = _toy(True)[1]
     asked: list[object] = []
 
-    def static_ladder(model, layout_, shapes, values=None):
+    def static_ladder(model, layout_, shapes, values=None, packed=()):
         asked.append(values)
         return Ladder([], [], layout, layout, {"prefill": "no match"} if values else {})
 
@@ -191,9 +191,13 @@ def test_setting_is_refused_where_there_are_no_static_models(device, settings, r
         config = PipelineConfig.from_kwargs(device, NPUW_LLM_OPTIMIZE_V_TENSORS="YES", **settings)
         assert decide.v_transposed(config, "CPU")
     auto = PipelineConfig.from_kwargs(device, **settings)
-    # auto: only where NPUW places the static models on a real NPU
-    assert decide.v_transposed(auto, "NPU,CPU") == auto.use_static_models
+    # auto: only where NPUW places the static models on a real NPU, one sequence at a time (a
+    # packed generate model reads V untransposed: model/packed.py)
+    assert not decide.v_transposed(auto, "NPU,CPU")
     assert not decide.v_transposed(auto, "CPU")
+    if auto.use_static_models:
+        alone = PipelineConfig.from_kwargs(device, max_num_seqs=1, **settings)
+        assert decide.v_transposed(alone, "NPU,CPU") and not decide.v_transposed(alone, "CPU")
 
 
 # -- the buffer, the guard, the copy between layouts ----------------------------------------

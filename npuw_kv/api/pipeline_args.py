@@ -17,6 +17,7 @@ import numpy as np
 import openvino as ov
 import openvino_genai
 
+from ..config import decide
 from ..config.decide import scheduled_attention
 from ..config.pipeline_config import PipelineConfig
 from ..errors import UsageError
@@ -140,16 +141,18 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     if base.attention_backend != scheduled_attention(base) and not base.paged:
         settings = {**settings, "attention_backend": scheduled_attention(base)}
         base = user = PipelineConfig.from_kwargs(device, **settings)
-    if not base.paged:
-        raise UsageError(
-            "scheduler_config means the paged path: use device CPU with attention_backend='pa' "
-            f"(here: device {base.device}, attention_backend {base.attention_backend!r})"
-        )
     for name, (is_set, why) in _UNSUPPORTED.items():
         value = getattr(scheduler, name)
         if is_set(value):
             raise UsageError(f"scheduler_config.{name}={value!r} is not supported: {why}")
     default = openvino_genai.SchedulerConfig()
+    if not base.paged and decide.packed_slots(base):
+        return _merge(settings, user, _slot_settings(scheduler, default))
+    if not base.paged:
+        raise UsageError(
+            "scheduler_config means batched steps: use device CPU with attention_backend='pa', "
+            f"or NPU (here: device {base.device}, attention_backend {base.attention_backend!r})"
+        )
     mapped: dict[str, tuple[str, Any]] = {
         "prefix_reuse": ("enable_prefix_caching", bool(scheduler.enable_prefix_caching))
     }
@@ -169,6 +172,35 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
             mapped.update(_small_pools(base, tokens))
             room = 0
         mapped["prefix_cache_tokens"] = ("num_kv_blocks", room)
+    return _merge(settings, user, mapped)
+
+
+def _slot_settings(scheduler: Any, default: Any) -> dict[str, tuple[str, Any]]:
+    """The NPU path's share of a ``SchedulerConfig``: prefix caching and the sequences at
+    once (its slots); the fields that size or split the paged path's blocks are refused by
+    name, since a slot holds a whole sequence of MAX_PROMPT_LEN + MIN_RESPONSE_LEN."""
+    paged_only = ("num_kv_blocks", "cache_size", "max_num_batched_tokens", "dynamic_split_fuse")
+    for name in paged_only:
+        value = getattr(scheduler, name)
+        if value != getattr(default, name):
+            raise UsageError(
+                f"scheduler_config.{name}={value!r} sizes the paged path's KV blocks and steps; "
+                "the NPU path holds max_num_seqs slots of max_prompt_len + min_response_len "
+                "tokens each and reads a prompt in prefill_chunk_size chunks: set those instead"
+            )
+    mapped: dict[str, tuple[str, Any]] = {
+        "prefix_reuse": ("enable_prefix_caching", bool(scheduler.enable_prefix_caching))
+    }
+    if scheduler.max_num_seqs != default.max_num_seqs:
+        mapped["max_num_seqs"] = ("max_num_seqs", int(scheduler.max_num_seqs))
+    return mapped
+
+
+def _merge(
+    settings: Mapping[str, Any], user: PipelineConfig, mapped: dict[str, tuple[str, Any]]
+) -> dict[str, Any]:
+    """``settings`` with the ``SchedulerConfig`` fields ``mapped`` (setting -> (field, value))
+    in them; a setting also given with another value is refused, naming both."""
     given = {PipelineConfig.setting_name(key): key for key in settings}
     out = dict(settings)  # with attention_backend='pa' when it was auto
     for name, (source, value) in mapped.items():

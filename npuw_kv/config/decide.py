@@ -55,6 +55,8 @@ class Settings(Protocol):
     @property
     def npuw_devices(self) -> str: ...
     @property
+    def max_num_seqs(self) -> int: ...
+    @property
     def compile_properties(self) -> dict[str, Any]: ...
 
 
@@ -92,6 +94,23 @@ def scheduled_attention(config: Settings) -> str:
 def static_models(config: Settings) -> bool:
     """Two static models (NPUW's way, and the only one on NPU) or one dynamic model (CPU)."""
     return config.static_models if config.static_models is not None else config.device != "CPU"
+
+
+# the packed generate models' sizes below max_num_seqs (model/packed.py): sequences at once
+PACKED_RUNGS = (4, 16, 64)
+
+
+def packed_slots(config: Settings) -> tuple[int, ...]:
+    """How many sequences each packed generate model steps at once, ascending (empty: one
+    sequence at a time).  The static models' path (NPU) with ``max_num_seqs`` > 1: a model
+    for each of 4, 16, 64 below it and one for it, so a step runs the smallest
+    model that holds the live sequences (16: models of 4 and 16 sequences).  Not with V
+    stored transposed, asked for (``optimize_v_tensors``), which a packed model does not read:
+    then one sequence at a time (both asked for is refused: ``PipelineConfig``)."""
+    top = config.max_num_seqs
+    if not static_models(config) or top < 2 or config.optimize_v_tensors:
+        return ()  # V transposed, asked for: not read by a packed model (one at a time)
+    return (*(r for r in PACKED_RUNGS if r < top), top)
 
 
 def window_rings(config: Settings) -> bool:
@@ -138,6 +157,8 @@ def v_transposed(config: Settings, npuw_devices: str) -> bool:
         return False
     if config.optimize_v_tensors is not None:
         return config.optimize_v_tensors
+    if packed_slots(config):  # a packed model reads V as [1, H, S, D] (model/packed.py)
+        return False
     return on_real_npu(npuw_devices)
 
 
@@ -287,6 +308,8 @@ class Decided(Generic[C]):
     # NPU_ENABLE_STRIDES_FOR chosen for the KV ports, once the model is read ("": none;
     # runtime/npu_strides.py): a real NPU's compiler and driver take it
     kv_strides: str = ""
+    # sequences each packed generate model steps at once (static path; empty: one at a time)
+    packed_slots: tuple[int, ...] = ()
 
     @property
     def dense_blocks(self) -> bool:
@@ -320,6 +343,9 @@ class Decided(Generic[C]):
             snippets = "; CPU snippets off: bf16 attention on f32 inputs" * self.cpu_snippets_off
             out.append(f"NPUW devices     {self.npuw_devices} ({f16} between sub-graphs{snippets})")
         out.append(f"window KV        {'rings' if self.window_rings else 'whole past'}")
+        if self.packed_slots:
+            sizes = ", ".join(map(str, self.packed_slots))
+            out.append(f"packed generate  {sizes} sequences at once")
         return out
 
 
@@ -348,4 +374,5 @@ def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[
         window_rings(config),
         prefill_ladder(config),
         generate_ladder(config),
+        packed_slots=packed_slots(config),
     )

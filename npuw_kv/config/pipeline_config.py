@@ -227,11 +227,18 @@ class PipelineConfig:
                 "static-shape path (NPU, attention_backend='sdpa') runs one sequence at a time: "
                 "leave it unset"
             )
-        if self.max_num_seqs != MAX_NUM_SEQS:
+        if self.max_num_seqs != MAX_NUM_SEQS and not decide.static_models(self):
             raise UsageError(
-                f"{label('max_num_seqs')} applies to attention_backend='pa', where several "
-                "sequences run in batched steps; the static-shape path (NPU, attention_backend="
-                "'sdpa') runs one sequence at a time: leave it unset"
+                f"{label('max_num_seqs')} applies where several sequences run at once: "
+                "attention_backend='pa', or the static models of the NPU path (packed generate "
+                "models); the CPU's static-shape path (attention_backend='sdpa') runs one "
+                "sequence at a time: leave it unset"
+            )
+        if self.optimize_v_tensors and self.max_num_seqs not in (1, MAX_NUM_SEQS):
+            raise UsageError(
+                f"{label('optimize_v_tensors')} YES stores V transposed, which the packed "
+                f"generate models do not read; set {label('max_num_seqs')} 1 (one sequence at "
+                "a time) or leave optimize_v_tensors unset"
             )
         if self.kv_window_shares is not None:
             raise UsageError(

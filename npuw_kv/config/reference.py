@@ -53,7 +53,11 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     ),
     "max_num_seqs": (
         None,
-        "`pa`: sequences one batched step runs at most; the others wait",
+        (
+            "sequences that run at once; the others wait. `pa`: one batched step's at most; "
+            "NPU: slots of the KV pool, stepped together by packed generate models (of 4, 16, "
+            "64 below it and of it; 1: one sequence at a time)"
+        ),
     ),
     "split_fuse": (
         None,
@@ -119,8 +123,11 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "static models: the embedding and LM head compiled once, outside the body models",
     ),
     "optimize_v_tensors": (
-        "YES on a real NPU",
-        "static models: V stored `[1, H, D, S]`, as NPUW does",
+        "YES on a real NPU with `max_num_seqs` 1",
+        (
+            "static models: V stored `[1, H, D, S]`, as NPUW does (packed generate models read "
+            "`[1, H, S, D]`: YES then runs one sequence at a time)"
+        ),
     ),
     "npuw_devices": (
         "`CPU` (`NPU,CPU` with an NPU)",

@@ -27,6 +27,7 @@ from ..api.perf_metrics import CallTimer
 from ..errors import UsageError
 from ..runtime.paged.runner import PagedRunner
 from ..runtime.paged.scheduler import Scheduler
+from ..runtime.runner import Runner
 from .assisted_lane import AssistedLane
 from .beam_search import check_beam_request
 from .logits_process import LogitsConstraint
@@ -117,7 +118,7 @@ class RunningBatch:
 
     def __init__(
         self,
-        runner: PagedRunner,
+        runner: Runner,
         tokenizer: Any,
         *,
         max_num_seqs: int,
@@ -127,18 +128,26 @@ class RunningBatch:
         mode: Hashable = None,
         switch: Callable[[Any], None] | None = None,
         assisted: Assisted | None = None,
+        scheduler: Any = None,
     ) -> None:
         """``fit_pools``: grow the KV pools to hold the sequences that run at once (False:
         the user sized them; the scheduler preempts).  ``mode``: what the model computes with now
         (the LoRA alphas); sequences of another mode wait until the batch is empty, then
         ``switch(mode)`` sets it (nothing may be live).  ``assisted``: the pipeline's
         speculative decoding, if it has one: every request then runs in the assisted lane, one
-        at a time (:mod:`.assisted_lane`)."""
+        at a time (:mod:`.assisted_lane`).  ``scheduler``: one with the paged scheduler's
+        methods over other runners (the static path's slots:
+        :class:`~npuw_kv.runtime.static.slot_scheduler.SlotScheduler`)."""
         self.runner = runner
-        self.scheduler = Scheduler(runner, max_num_seqs, split_fuse=split_fuse)
+        if scheduler is None:
+            assert isinstance(runner, PagedRunner), "the static path brings its own scheduler"
+            scheduler = Scheduler(runner, max_num_seqs, split_fuse=split_fuse)
+        self.scheduler = scheduler
         lane = (
             AssistedLane(assisted, runner, tokenizer, position_limit)
-            if assisted is not None and assisted.mode is not None
+            if assisted is not None
+            and assisted.mode is not None
+            and isinstance(runner, PagedRunner)
             else None
         )
         self.loops = TokenLoops(self.scheduler, tokenizer, position_limit, lane)
@@ -344,7 +353,7 @@ class RunningBatch:
     def _tokens(self, request: SequenceRequest) -> int:
         """The most tokens a request's sequences hold: its prompt and its budget."""
         size = int(request.ids.size)
-        return size + (request.config.new_token_budget(size) or self.runner.capacity)
+        return size + (request.config.new_token_budget(size) or self.scheduler.capacity)
 
     def _fit(self, sizes: Sequence[tuple[int, int]], at_once: int | None) -> None:
         """Pools for the requests of ``sizes`` (sequences, tokens) at once, at most
@@ -352,7 +361,8 @@ class RunningBatch:
         count = sum(n for n, _ in sizes) if at_once is None else max(at_once, len(sizes))
         longest = max(tokens for _, tokens in sizes)
         scheduler = self.scheduler
-        self.runner.fit_batch(min(scheduler.max_num_seqs, count), longest, scheduler.budget)
+        if isinstance(self.runner, PagedRunner):  # the static path's slots are fixed
+            self.runner.fit_batch(min(scheduler.max_num_seqs, count), longest, scheduler.budget)
 
 
 def _no_modes(mode: Any) -> None:

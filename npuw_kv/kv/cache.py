@@ -96,9 +96,13 @@ class SharedKVCache:
         edges: Sequence[int] = (),
         *,
         allocate: Callable[[int, np.dtype], np.ndarray] = aligned_zeros,
+        memory: Callable[[str, int, int], np.ndarray] | None = None,
     ) -> None:
         """``allocate(count, dtype)``: zeroed flat memory for the buffers and staging arrays
-        (page-aligned host memory, or a device's own: runtime/npu_rules.DeviceMemory)."""
+        (page-aligned host memory, or a device's own: runtime/npu_rules.DeviceMemory).
+        ``memory(name, block, count)``: where buffer ``name``'s block number ``block`` lives
+        instead (``count`` elements, flat): a sequence's region of a pool
+        (:class:`~npuw_kv.kv.slot_pool.SlotPool`)."""
         if capacity <= 0:
             raise ValueError(f"KV capacity must be > 0 tokens, got {capacity}")
         if precision not in KV_STORAGE:
@@ -113,10 +117,13 @@ class SharedKVCache:
         self.edges = edges  # where the blocks of a non-ring buffer meet
         self.dtype = np.dtype(KV_STORAGE[precision][0])  # host storage dtype
         self._allocate_flat = allocate
+        self._memory = memory
         self.element_type = KV_STORAGE[precision][1]
         self.specs = {s.name: s for s in specs}
         self.slots = {s.name: s.ring or capacity for s in specs}  # each buffer's length
-        ensure_fits(self.nbytes_for(specs, capacity, precision), f"a KV cache of {capacity} tokens")
+        if memory is None:
+            need = self.nbytes_for(specs, capacity, precision)
+            ensure_fits(need, f"a KV cache of {capacity} tokens")
         # per buffer its blocks, (first slot, array in the buffer's own layout), in slot order
         self.blocks = {s.name: self._allocate(s) for s in specs}
         # the layout each buffer's slots hold now (its own, unless a model of the other
@@ -126,11 +133,16 @@ class SharedKVCache:
 
     def _allocate(self, spec: KVSpec) -> tuple[tuple[int, np.ndarray], ...]:
         rows = self.slots[spec.name]
+        per_slot = spec.num_heads * spec.head_dim
+        bounds = (0, rows) if spec.ring else (0, *self.edges, rows)
+        if self._memory is not None:
+            return tuple(
+                (a, self._memory(spec.name, i, (b - a) * per_slot).reshape(spec.shape(b - a)))
+                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+            )
         if spec.ring:  # a ring is read whole by every model: one block
             return ((0, self._new(spec.shape(rows))),)
         flat = self._allocate_flat(spec.num_heads * spec.head_dim * rows, self.dtype)
-        per_slot = spec.num_heads * spec.head_dim
-        bounds = (0, *self.edges, rows)
         return tuple(
             (a, flat[a * per_slot : b * per_slot].reshape(spec.shape(b - a)))
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)

@@ -17,6 +17,7 @@ from . import attention as A
 from . import transforms as T
 from .empty_inputs import drop_empty_inputs
 from .layout import KVLayout, discover_layout
+from .packed import every_row_hidden, pack_slots, reshape_packed
 from .ring import give_rings
 from .value_layout import ValueLayouts, phase_bases
 from .window import apply_windows
@@ -71,10 +72,16 @@ class Ladder:
     mismatched: dict[str, str] = field(default_factory=dict)
     # phases whose smaller variants did not reshape, so only the whole-past model is kept: why
     dropped: dict[str, str] = field(default_factory=dict)
+    # packed generate models (model/packed.py): (sequences at once, model), ascending
+    packed: list[tuple[int, ov.Model]] = field(default_factory=list)
 
 
 def static_ladder(
-    model: ov.Model, layout: KVLayout, shapes: StaticShapes, values: ValueLayouts | None = None
+    model: ov.Model,
+    layout: KVLayout,
+    shapes: StaticShapes,
+    values: ValueLayouts | None = None,
+    packed: tuple[int, ...] = (),
 ) -> Ladder:
     """Clone into every prefill ``[1, C]`` and generate ``[1, 1]`` model of ``shapes``, V
     stored transposed in the phases ``values`` asks for (``value_layout.py``).
@@ -112,14 +119,31 @@ def static_ladder(
                 continue
             m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
             models[phase].append((past, m))
+    base, base_layout = bases["generate"]
     return Ladder(
         models["prefill"],
         models["generate"],
         bases["prefill"][1],
-        bases["generate"][1],
+        base_layout,
         mismatched,
         dropped,
+        [(slots, packed_model(base, base_layout, shapes, slots)) for slots in packed],
     )
+
+
+def packed_model(base: ov.Model, layout: KVLayout, shapes: StaticShapes, slots: int) -> ov.Model:
+    """The generate model over the whole past stepping ``slots`` sequences at once."""
+    past = shapes.generate_past
+    blocks = shapes.past_blocks(past)
+    m = base.clone()
+    if len(blocks) > 1:
+        T.split_past(m, layout, len(blocks))
+    T.set_shapes(m, layout, slots, past + slots, past, blocks)
+    pack_slots(m, layout, slots)
+    every_row_hidden(m, layout)
+    reshape_packed(m, layout, slots, blocks if len(blocks) > 1 else (), past)
+    m.set_friendly_name(f"npuw_kv_generate_packed{slots}")
+    return m
 
 
 def shared_dynamic(model: ov.Model, layout: KVLayout) -> ov.Model:

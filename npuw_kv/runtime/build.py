@@ -53,6 +53,7 @@ from .npu_strides import kv_port_names, with_chosen_strides
 from .paged.runner import PagedRunner
 from .runner import Runner
 from .shapes import static_shapes
+from .static.packed import PackedSteps, slot_runners
 from .static.runner import StaticRunner
 
 T = TypeVar("T")
@@ -69,6 +70,8 @@ class Built:
     lora: LoraGraph | None = None  # the LoRA adapters in the graph (model/lora.py)
     # every compiled request of the main model (the LoRA alpha input is bound on them)
     requests: tuple[ov.InferRequest, ...] = ()
+    # the static path's slots and packed generate models (runtime/static/packed.py)
+    packed: PackedSteps | None = None
 
 
 def build_runner(
@@ -186,21 +189,26 @@ def build_runner(
         )
     )
     requests = with_npu_io(requests, npu_io(core, decided, requests.device_properties))
-    runner = build.allocate(
-        kv_capacity,
-        lambda: StaticRunner(
+
+    def make(memory: Callable[[str, int, int], np.ndarray] | None, first: bool) -> StaticRunner:
+        return StaticRunner(
             requests,
             layout,
             shapes,
             kv_binding=config.kv_binding,
             full_rows=config.full_prefill_logits,
             prefix_reuse=config.prefix_reuse,
-            prefix_cache_tokens=config.prefix_cache_tokens,
-        ),
+            prefix_cache_tokens=config.prefix_cache_tokens if first else 0,
+            memory=memory,
+        )
+
+    runner, packed = build.allocate(
+        kv_capacity, lambda: slot_runners(make, requests, layout, decided.kv_precision or "f32")
     )
     vocab = _vocab(requests.logits_output(layout.logits_output_index))
     every = (requests.prefill, requests.generate)
     every += tuple(v.request for v in (*requests.prefill_ladder, *requests.generate_ladder))
+    every += tuple(v.request for v in requests.packed)
     # the layout is the generate models' (V transposed or not)
     return Built(
         runner=runner,
@@ -210,6 +218,7 @@ def build_runner(
         layout=runner.layout,
         lora=lora,
         requests=every,
+        packed=packed,
     )
 
 

@@ -31,6 +31,16 @@ class Variant:
     request: ov.InferRequest
 
 
+@dataclass(frozen=True)
+class PackedVariant:
+    """A generate model stepping ``slots`` sequences at once (``model/packed.py``), and the LM
+    head for its rows (None: the model keeps its own)."""
+
+    slots: int
+    request: ov.InferRequest
+    head: ov.InferRequest | None = None
+
+
 @dataclass(kw_only=True)
 class Requests:
     prefill: ov.InferRequest  # the whole prefill past (or the one dynamic model)
@@ -50,6 +60,10 @@ class Requests:
     # NPUW was allowed to place the static models' sub-models on (runtime/npu_compile.py)
     npu_io: NpuIO | None = None
     npuw_placement: str = ""
+    # packed generate models (model/packed.py), ascending by the sequences they step at once
+    packed: tuple[PackedVariant, ...] = ()
+    # the runner whose KV views the requests hold now (several share them: packed slots)
+    bound_to: object = None
 
     def logits_output(self, index: int) -> ov.Output:
         """The compiled output that holds the logits (the head's, when cut out)."""
@@ -199,15 +213,16 @@ class StaticCompile:
         generates = ladder.generate if variants else ladder.generate[-1:]
         prefill = [Variant(past, request(m)) for past, m in prefills]
         generate = [Variant(past, request(m)) for past, m in generates]
+        packed = [(slots, request(m)) for slots, m in ladder.packed]
         embed = head = None
+        heads: dict[int, ov.InferRequest] = {}
         if self.split is not None:
             # the gather runs on the host, as NPUW's own (NPUW_HOST_GATHER): exact f32 rows
             host: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
             if config.num_threads:
                 host["INFERENCE_NUM_THREADS"] = config.num_threads
             embed = self.core.compile_model(self.split.embed, "CPU", host).create_infer_request()
-            target = _head_target(config, self.device, props)
-            head = self.core.compile_model(self.split.head, *target).create_infer_request()
+            head, heads = self._heads(props, [slots for slots, _ in packed])
         return Requests(
             prefill=prefill[-1].request,
             generate=generate[-1].request,
@@ -219,7 +234,30 @@ class StaticCompile:
             generate_ladder=tuple(generate[:-1]),
             prefill_layout=ladder.prefill_layout,
             generate_layout=ladder.generate_layout,
+            packed=tuple(PackedVariant(n, r, heads.get(n)) for n, r in packed),
         )
+
+    def _heads(
+        self, props: dict[str, Any], packed: list[int]
+    ) -> tuple[ov.InferRequest, dict[int, ov.InferRequest]]:
+        """The cut-out LM head for one row, and for each packed model's rows.  On the CPU one
+        head of any row count serves all (one copy of its weights); elsewhere (an NPU) each
+        row count compiles its own."""
+        assert self.split is not None
+        device, head_props = _head_target(self.config, self.device, props)
+        head, hidden = self.split.head, self.split.hidden_size
+        if device == "CPU" and packed:
+            head = head.clone()
+            head.reshape({0: ov.PartialShape([1, -1, hidden])})
+            one = self.core.compile_model(head, device, head_props).create_infer_request()
+            return one, dict.fromkeys(packed, one)
+        one = self.core.compile_model(head, device, head_props).create_infer_request()
+        heads = {}
+        for rows in packed:
+            sized = head.clone()
+            sized.reshape({0: ov.PartialShape([1, rows, hidden])})
+            heads[rows] = self.core.compile_model(sized, device, head_props).create_infer_request()
+        return one, heads
 
     def whole_models(self, props: dict[str, Any], why: str) -> Requests:
         """Each static model one sub-graph, holding its own weights (said in a warning)."""
@@ -283,9 +321,10 @@ def checked_ladder(
     model could not take was refused (a setting asked for) or left for the plain path with a
     warning (``auto``)."""
     values = ValueLayouts(decided.v_transposed, decided.v_transposed)
-    ladder = static_ladder(model, layout, shapes, values)
+    packed = decided.packed_slots
+    ladder = static_ladder(model, layout, shapes, values, packed)
     if check_value_layouts(decided.config, ladder):
-        ladder = static_ladder(model, layout, shapes)  # V as [1, H, S, D] in both phases
+        ladder = static_ladder(model, layout, shapes, packed=packed)  # V [1, H, S, D] in both
     check_variants(decided.config, ladder)
     if decided.config.device == "NPU":
         for _, static_model in (*ladder.prefill[-1:], *ladder.generate[-1:]):

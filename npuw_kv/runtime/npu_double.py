@@ -109,5 +109,6 @@ def with_npu_io(requests: Requests, io: NpuIO | None) -> Requests:
             generate=wrap(requests.generate),
             prefill_ladder=ladder(requests.prefill_ladder),
             generate_ladder=ladder(requests.generate_ladder),
+            packed=ladder(requests.packed),
         )
     return replace(requests, npu_io=io)

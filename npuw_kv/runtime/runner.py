@@ -84,6 +84,10 @@ class Runner(ABC):
         """Drop the KV of the sequence's tokens from ``length`` on."""
         raise ValueError(SPECULATIVE_PATH)
 
+    def release(self) -> None:  # noqa: B027 (a no-op unless overridden)
+        """The lone call's sequence is no longer live (the paged path gives its blocks back,
+        cached); the static path keeps its KV in place for the next prompt either way."""
+
     def hold_prefix(self, tokens: int) -> None:  # noqa: B027 (a no-op unless overridden)
         """Keep the KV of the next prompt's first ``tokens`` tokens (a chat's system prompt)
         cached longest; only the PagedAttention runner has priorities to do it with."""

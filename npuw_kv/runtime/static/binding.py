@@ -133,6 +133,10 @@ class KVBinding:
         self._staging_out: dict[str, np.ndarray] = {}
         self._staging_out_tensors: dict[str, ov.Tensor] = {}
         self._scratch: dict[str, ov.Tensor] = {}
+        # what this binding set on the request, to set again after another binding of the
+        # same request (another sequence's region: rebind)
+        self._inputs: dict[str, ov.Tensor] = {}
+        self._outputs: dict[int, ov.Tensor] = {}
         self._axis = {port.name: port.seq_axis for port in ports}
         self._ring = {port.name: port.ring for port in ports if port.ring}
         whole = (0, cache.capacity)
@@ -146,14 +150,14 @@ class KVBinding:
                 # the model of no past has no past inputs (model/empty_inputs.py): only its
                 # output is bound, in past_paths nothing
                 if mode == "copy":
-                    request.set_output_tensor(port.output_index, self._output_staging(port.name))
+                    self._set_output(port.output_index, self._output_staging(port.name))
                 continue
             # a sliced-past model: the prefill reads through the sliced past, the generate step
             # through the unsliced tail (a slice would copy every step); the other stays empty
             target = tail_input(port.name) if sliced and not grow else port.name
             if sliced:
                 other = port.name if target != port.name else tail_input(port.name)
-                request.set_tensor(other, self._empty(port.name))
+                self._set_input(other, self._empty(port.name))
             path: BindPath
             pieces = [] if sliced else cache.pieces(port.name, 0, past_len)
             if len(pieces) > 1:  # a past over several blocks: one input per block
@@ -174,7 +178,24 @@ class KVBinding:
                 path = self._bind_past(port, target, 0, past_len, views)
             self.past_paths[port.name] = path
             if mode == "copy":  # bound once; the other modes bind their outputs per step
-                request.set_output_tensor(port.output_index, self._output_staging(port.name))
+                self._set_output(port.output_index, self._output_staging(port.name))
+
+    def _set_input(self, name: str, tensor: ov.Tensor) -> None:
+        self.request.set_tensor(name, tensor)
+        self._inputs[name] = tensor
+
+    def _set_output(self, index: int, tensor: ov.Tensor) -> None:
+        self.request.set_output_tensor(index, tensor)
+        self._outputs[index] = tensor
+
+    def rebind(self) -> None:
+        """Set this binding's tensors on the request again: the request ran another
+        sequence's region (packed slots) since; outputs bound per step are bound by
+        :meth:`before` anyway."""
+        for name, tensor in self._inputs.items():
+            self.request.set_tensor(name, tensor)
+        for index, tensor in self._outputs.items():
+            self.request.set_output_tensor(index, tensor)
 
     def _bind_past(
         self, port: BoundPort, target: str, start: int, stop: int, views: bool
@@ -190,13 +211,13 @@ class KVBinding:
         """Bind ``view`` (slots from ``start``) to ``target`` if it goes as it is, else a dense
         staging array of ``rows`` slots that :meth:`before` keeps in sync."""
         if view is not None and self._direct(view):
-            self.request.set_tensor(target, view)
+            self._set_input(target, view)
             # the slots the bound tensor spans (a sliced past binds the whole buffer)
             self._direct_in.add((port.name, start, start + view.get_shape()[port.seq_axis]))
             return "direct"
         past = self.cache.zeros(port.name, rows, port.seq_axis)
         self._staging_in[target] = (port.name, start, past)
-        self.request.set_tensor(target, self.cache.tensor(past))
+        self._set_input(target, self.cache.tensor(past))
         return "staged"
 
     def _bind_ring(self, port: BoundPort) -> None:
@@ -204,7 +225,7 @@ class KVBinding:
         view = self.cache.view(port.name, 0, port.ring, port.seq_axis)
         self.past_paths[port.name] = self._set_past(port, port.name, 0, view, port.ring)
         if self.mode == "copy":
-            self.request.set_output_tensor(port.output_index, self._output_staging(port.name))
+            self._set_output(port.output_index, self._output_staging(port.name))
 
     def _direct(self, tensor: ov.Tensor) -> bool:
         """Whether ``tensor`` goes to the request as it is (else through dense staging)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import openvino as ov
 
 from ...errors import CapacityError
 from ...kv.cache import KVSpec, SharedKVCache, layout_name
-from ...kv.copy import CopyCounter
+from ...kv.copy import CopyCounter, safe_copy
 from ...kv.memory import aligned_zeros
 from ...kv.shapes import StaticShapes
 from ...model.layout import KVLayout
@@ -54,11 +55,15 @@ class StaticRunner(Runner):
         prefix_reuse: bool = True,
         prefix_cache_tokens: int = 0,
         full_rows: bool = False,
+        memory: Callable[[str, int, int], np.ndarray] | None = None,
     ) -> None:
         """``prefix_cache_tokens``: room of the host store for earlier prompts' prefixes
         (:mod:`.prefix_store`); 0: only the last sequence is reused.  ``full_rows``: the
-        prefill models keep the LM head on every row (``full_prefill_logits``)."""
+        prefill models keep the LM head on every row (``full_prefill_logits``).  ``memory``:
+        the KV buffers live in a region of a slot pool (``SharedKVCache``'s ``memory``): one
+        of several runners sharing the requests (packed slots, :mod:`.packed`)."""
         self.requests = requests
+        self._memory = memory
         self.full_rows = full_rows
         # each phase's KV layout (V transposed or not); the buffers are laid out as the
         # generate models read them, the whole buffer at once
@@ -133,6 +138,7 @@ class StaticRunner(Runner):
             self.layout.precision,
             edges,
             allocate=io.memory.zeros if io is not None else aligned_zeros,
+            memory=self._memory,
         )
         strided_outputs = io is None or io.strided_outputs
 
@@ -168,6 +174,15 @@ class StaticRunner(Runner):
         self.prefill_binding = self.prefill_variants[-1].binding
         self.generate_binding = self.generate_variants[-1].binding
         self.calls = NpuCalls(requests.npu_io, self.prefill_variants + self.generate_variants)
+        requests.bound_to = self
+
+    def activate(self) -> None:
+        """Have the requests read this runner's buffers: they are shared with other runners
+        (each a sequence's region of a slot pool), and hold whichever bound them last."""
+        if self.requests.bound_to is not self:
+            for bound in self.prefill_variants + self.generate_variants:
+                bound.binding.rebind()
+            self.requests.bound_to = self
 
     def _ring(self, layer: int) -> int:
         """The ring slots of ``layer`` (0: it holds the whole past)."""
@@ -318,6 +333,7 @@ class StaticRunner(Runner):
         """
         ids = np.asarray(ids, np.int64).reshape(-1)
         self.check_prompt(ids.size)
+        self.activate()
         self.copied.reset()
         self.calls.reset()
         if self.prefix_store is not None:  # the last sequence's blocks, before they are overwritten
@@ -393,6 +409,7 @@ class StaticRunner(Runner):
         """Feed one token, write its KV into the next slot, return the next logits."""
         if self.remaining_capacity <= 0:
             raise CapacityError.cache_full(self.shapes.total_len)
+        self.activate()
         kept = self.slots.keeps_next
         variant = pick(self.generate_variants, self.slots.next)
         self.generate_past_used = variant.past
@@ -411,3 +428,45 @@ class StaticRunner(Runner):
             self._cached.append(int(token))
         self.slots.advance()
         return logits[-1].copy()
+
+    # -- one slot of several (packed generate models: .packed) --------------------------------
+    def wrote(self, token: int) -> None:
+        """A packed step fed ``token`` and wrote its KV into this runner's next slot: account
+        it as :meth:`step` does."""
+        if self.slots.keeps_next:
+            self._cached.append(int(token))
+        self.slots.advance()
+        self._at_switch = False
+
+    @property
+    def cached_ids(self) -> list[int]:
+        """The token ids whose KV the last sequence left in its slots (a copy)."""
+        return list(self._cached)
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` this runner's last sequence holds the KV of."""
+        count = 0
+        for mine, theirs in zip(self._cached, tokens, strict=False):
+            if mine != theirs:
+                break
+            count += 1
+        return count
+
+    def copy_from(self, other: StaticRunner) -> int:
+        """Take ``other``'s sequence: its KV (the slots it holds, in every buffer) and where
+        it stands (a beam parting from another); the bytes copied."""
+        if other.cache.specs.keys() != self.cache.specs.keys():
+            raise ValueError("runners of different models")
+        before, held = self.copied.bytes, min(other.slots.next, other.cache.capacity)
+        for name, spec in other.cache.specs.items():
+            if spec.ring:  # a ring's slots are not in token order: all of it
+                safe_copy(self.cache.array(name), other.cache.array(name), self.copied)
+                continue
+            for a, b, _ in other.cache.pieces(name, 0, held) if held else ():
+                safe_copy(self.cache.rows(name, a, b), other.cache.rows(name, a, b), self.copied)
+        self.slots = Slots(other.slots.capacity, other.slots.first, other.slots.next)
+        self.slots.position = other.slots.position
+        self._cached = other.cached_ids
+        for bound in self.prefill_variants + self.generate_variants:
+            bound.binding.reset()  # staged pasts mirror the slots again
+        return self.copied.bytes - before

@@ -1,0 +1,236 @@
+"""Many sequences on the static-shape path: which slot each sequence runs in, and what runs next.
+
+The running batch (:mod:`npuw_kv.generation.running_batch`) drives this as it drives the paged
+path's scheduler: sequences are submitted, fed and finished between steps.  Here a sequence gets
+one of the slots (:mod:`.packed`: a region of the KV pool with its own runner) for its whole life,
+waiting while none is free; a free slot keeps its last sequence's KV, so a new prompt goes to
+the free slot that holds the longest prefix of it (a chat's next turn lands where its history
+is) and runs only the rest.  A step is either one prompt read through the prefill models, chunk
+after chunk, or one token of every sequence that decodes, packed in one generate call.  While
+both wait, up to ``PROMPTS_PER_DECODE`` prompts run between two decode steps: a packed step costs
+little more for 16 rows than for 4, so sequences should join it in groups, yet the others'
+next token waits for a few prompts only, not for the whole queue.  A slot never runs out of KV
+room before its sequence reaches the static models' capacity (MAX_PROMPT_LEN +
+MIN_RESPONSE_LEN), so nothing is preempted: sequences wait for a slot instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import CapacityError
+from ..paged.scheduler import StepStats
+from .packed import PackedSteps
+from .runner import StaticRunner
+
+# prompts read one after another while others decode, before those get their next token: a
+# decode step costs about the same for 1 row as for 16, so new sequences join it in groups
+PROMPTS_PER_DECODE = 4
+
+
+@dataclass
+class SlotStats(StepStats):
+    """The steps' figures, and the packed models': their sizes, the packed calls run and the
+    sequence rows they stepped (their ratio: how full a packed call ran), the KV pool."""
+
+    packed: PackedSteps | None = None
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(super().report())
+        if self.packed is not None:
+            out.update(
+                packed_slots=[m.slots for m in self.packed.models],
+                packed_steps=self.packed.steps,
+                packed_rows=self.packed.rows,
+                kv_pool_bytes=self.packed.pool.bytes_touched_max,
+            )
+        return out
+
+
+@dataclass
+class SlotSequence:
+    """One sequence: its tokens (prompt and fed answer) and how many its slot holds."""
+
+    handle: int
+    tokens: list[int]
+    prompt_len: int
+    held: int = 0  # leading tokens a chat's system prompt holds (kept first for reuse)
+    scores: Any = None  # echo with logprobs: every prompt row's logits (PromptScores)
+    slot: int | None = None
+    computed: int = 0
+    given: int = -1  # its tokens when its last logits were handed out
+    preemptions: int = 0
+
+    @property
+    def waiting_for_logits(self) -> bool:
+        return self.computed < len(self.tokens)
+
+
+class SlotScheduler:
+    """Sequences in the slots of a :class:`PackedSteps` (module docstring)."""
+
+    def __init__(self, steps: PackedSteps) -> None:
+        self.steps = steps
+        self.lanes: list[StaticRunner] = steps.lanes
+        self.max_num_seqs = len(self.lanes)
+        self.budget = self.lanes[0].chunk  # (the running batch sizes nothing by it here)
+        self.live: dict[int, SlotSequence] = {}
+        self.waiting: deque[SlotSequence] = deque()
+        self.scheduled: list[int] = []
+        self.stats = SlotStats(packed=steps)
+        self._handles = itertools.count()
+        self._holder: dict[int, SlotSequence] = {}  # slot -> its live sequence
+        self._prompts_run = 0  # prompts read since the last decode step
+
+    # -- the caller's side ----------------------------------------------------------------------
+    def submit(self, tokens: list[int], held: int = 0, scores: Any = None) -> int:
+        self.lanes[0].check_prompt(len(tokens))
+        seq = SlotSequence(next(self._handles), list(tokens), len(tokens), held, scores)
+        self.live[seq.handle] = seq
+        self.waiting.append(seq)
+        return seq.handle
+
+    def feed(self, handle: int, token: int) -> None:
+        seq = self.live[handle]
+        if seq.given != len(seq.tokens):
+            raise RuntimeError(f"sequence {handle} was fed before its logits came")
+        if self.remaining(handle) <= 0:
+            raise CapacityError.cache_full(self.capacity)
+        seq.tokens.append(int(token))
+
+    def fork(self, handle: int) -> int:
+        """A new sequence with ``handle``'s tokens (a beam parting): its slot's KV copied into
+        a free slot, or, with none free, it waits and is read again from its tokens."""
+        parent = self.live[handle]
+        if parent.given != len(parent.tokens):
+            raise RuntimeError(f"sequence {handle} is forked between its token and its logits")
+        child = SlotSequence(next(self._handles), list(parent.tokens), parent.prompt_len)
+        child.given = parent.given
+        self.live[child.handle] = child
+        free = self._free()
+        if parent.slot is None or not free:
+            self.waiting.appendleft(child)
+            return child.handle
+        self._take(child, free[0])
+        self.lanes[free[0]].copy_from(self.lanes[parent.slot])
+        child.computed = parent.computed
+        return child.handle
+
+    @property
+    def capacity(self) -> int:
+        """Tokens one sequence may hold (its prompt's front padding counts)."""
+        return self.lanes[0].shapes.total_len
+
+    def remaining(self, handle: int) -> int:
+        seq = self.live[handle]
+        if seq.slot is not None and seq.computed:
+            runner = self.lanes[seq.slot]
+            return runner.remaining_capacity - (len(seq.tokens) - seq.computed)
+        chunk = self.lanes[0].chunk
+        return self.capacity - len(seq.tokens) - (-seq.prompt_len % chunk)
+
+    def finish(self, handle: int) -> None:
+        seq = self.live.pop(handle)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.stats.finished_tokens = seq.computed
+        self._release(seq)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.live)
+
+    @property
+    def slots_held(self) -> int:
+        """Slots a live sequence holds now."""
+        return len(self._holder)
+
+    @property
+    def moved_bytes(self) -> int:
+        return sum(lane.host_bytes_copied for lane in self.lanes)
+
+    def distinct_blocks(self, handles: Sequence[int]) -> int:
+        """Slots the sequences among ``handles`` hold (each its own region)."""
+        return sum(self.live[h].slot is not None for h in handles)
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> dict[int, np.ndarray]:
+        """One prompt, or one token of every decoding sequence; the logits of each sequence
+        that got them (valid until the next step)."""
+        self._admit()
+        running = [s for s in self.live.values() if s.slot is not None and s.waiting_for_logits]
+        prompts = [s for s in running if s.computed == 0]
+        decoding = [s for s in running if s.computed]
+        if prompts and (self._prompts_run < PROMPTS_PER_DECODE or not decoding):
+            out = self._prompt(min(prompts, key=lambda s: s.handle))
+            self._prompts_run += 1
+        elif decoding:
+            out = self._decode(decoding)
+            self._prompts_run = 0
+        else:
+            out = {}
+        self.stats.steps += bool(out)
+        self.stats.peak_batch = max(self.stats.peak_batch, len(out))
+        self.scheduled = list(out)
+        return out
+
+    def _prompt(self, seq: SlotSequence) -> dict[int, np.ndarray]:
+        assert seq.slot is not None
+        runner = self.lanes[seq.slot]
+        ids = np.asarray(seq.tokens, np.int64)
+        if seq.scores is not None and not seq.scores.complete:
+            logits = runner.prefill_every_row(ids, seq.scores.add)
+        else:
+            logits = runner.prefill(ids)
+        seq.computed = seq.given = len(seq.tokens)
+        self.stats.prompt_admitted(runner.reused_tokens, seq.held)
+        return {seq.handle: logits}
+
+    def _decode(self, decoding: list[SlotSequence]) -> dict[int, np.ndarray]:
+        if len(decoding) == 1:  # one sequence: its slot's own generate models
+            seq = decoding[0]
+            assert seq.slot is not None
+            logits = {seq.slot: self.lanes[seq.slot].step(seq.tokens[-1])}
+        else:
+            logits = self.steps.step({s.slot: s.tokens[-1] for s in decoding if s.slot is not None})
+        out = {}
+        for seq in decoding:
+            seq.computed = seq.given = len(seq.tokens)
+            out[seq.handle] = logits[seq.slot]  # type: ignore[index]
+        return out
+
+    def restart(self) -> None:
+        """After a step that did not end: every live sequence is read again from its tokens
+        (its slot keeps what it wrote, so the prompt reuses it)."""
+        for seq in self.live.values():
+            if seq.slot is not None and seq.waiting_for_logits or seq.computed:
+                seq.computed = 0
+                seq.preemptions += 1
+                self.stats.preemptions += 1
+
+    # -- slots ---------------------------------------------------------------------------------
+    def _free(self) -> list[int]:
+        return [i for i in range(len(self.lanes)) if i not in self._holder]
+
+    def _admit(self) -> None:
+        """Waiting sequences into free slots: each to the one holding most of its prefix (the
+        lowest of equals: the packed models read the lowest slots)."""
+        while self.waiting and (free := self._free()):
+            seq = self.waiting.popleft()
+            slot = max(free, key=lambda i: (self.lanes[i].cached_prefix(seq.tokens), -i))
+            self._take(seq, slot)
+
+    def _take(self, seq: SlotSequence, slot: int) -> None:
+        seq.slot = slot
+        self._holder[slot] = seq
+
+    def _release(self, seq: SlotSequence) -> None:
+        if seq.slot is not None and self._holder.get(seq.slot) is seq:
+            del self._holder[seq.slot]
+        seq.slot = None

@@ -1,0 +1,167 @@
+"""Many sequences at once on the NPU path: packed generate models over slots of one KV pool
+(model/packed.py, runtime/static/packed.py, runtime/static/slot_scheduler.py), on tiny random
+Llamas with NPUW on the CPU, exact f32.
+
+Every sequence's greedy tokens must be openvino-genai's for its prompt alone: a row that read
+another sequence's slots, its own at the wrong positions, or a padding row's would change them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import openvino as ov
+import openvino_genai
+import pytest
+from conftest import TINY_NPU
+
+from npuw_kv.config import decide
+from npuw_kv.config.pipeline_config import PipelineConfig
+from npuw_kv.errors import UsageError
+from npuw_kv.pipeline import LLMPipeline
+
+pytestmark = pytest.mark.npu_path  # also run under the NPU rules double
+
+LENGTHS = (5, 30, 17, 50, 40, 9, 33)
+EXACT = (
+    "INFERENCE_PRECISION_HINT",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+)  # padded fronts of every size, one chunk to four
+
+
+def _ids(n: int, seed: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.int64) * 7919 + seed * 13) % 49000 + 100).astype(np.int64)
+
+
+def _together(pipe: LLMPipeline, prompts: list[np.ndarray], new: int) -> list[list[int]]:
+    """Each prompt from its own thread, all at once: they join one running batch."""
+    out: list = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def call(i: int) -> None:
+        start.wait()
+        out[i] = pipe.generate(prompts[i], max_new_tokens=new, ignore_eos=True).tokens
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.unit
+def test_packed_models_by_max_num_seqs():
+    """A model for each of 4, 16, 64 below max_num_seqs and one for it; none off the static
+    models, at 1, or with V transposed asked for (which both asked for refuses by name)."""
+    npu = lambda **kw: PipelineConfig.from_kwargs("NPU", **kw)  # noqa: E731
+    assert decide.packed_slots(npu()) == (4, 16)
+    assert decide.packed_slots(npu(max_num_seqs=4)) == (4,)
+    assert decide.packed_slots(npu(max_num_seqs=6)) == (4, 6)
+    assert decide.packed_slots(npu(max_num_seqs=40)) == (4, 16, 40)
+    assert decide.packed_slots(npu(max_num_seqs=1)) == ()
+    assert decide.packed_slots(npu(optimize_v_tensors=True)) == ()
+    cpu = PipelineConfig.from_kwargs("CPU", attention_backend="sdpa")
+    assert decide.packed_slots(cpu) == ()
+    with pytest.raises(UsageError, match=r"max_num_seqs \(MAX_NUM_SEQS\) 1"):
+        npu(optimize_v_tensors=True, max_num_seqs=8)
+    with pytest.raises(UsageError, match="max_num_seqs"):  # the CPU's one dynamic model
+        PipelineConfig.from_kwargs("CPU", attention_backend="sdpa", max_num_seqs=4)
+
+
+def test_concurrent_sequences_match_each_alone(tiny_dir, tiny_reference):
+    pipe = LLMPipeline(tiny_dir, "NPU", max_num_seqs=6, **TINY_NPU)
+    prompts = [_ids(n, seed) for seed, n in enumerate(LENGTHS)]  # 7 for 6 slots: one waits
+    together = _together(pipe, prompts, 14)
+    for prompt, tokens in zip(prompts, together, strict=True):
+        assert tokens == tiny_reference(prompt, 14)
+        assert len(set(tokens)) > 4  # a meaningful comparison, not a constant loop
+    stats = pipe.kv_stats()
+    assert stats["packed_slots"] == [4, 6]
+    # packed calls ran, several rows each (not one sequence after another)
+    assert stats["packed_steps"] > 0 and stats["packed_rows"] >= 2 * stats["packed_steps"]
+    assert stats["batch_peak_sequences"] >= 2
+
+
+def test_a_list_of_prompts_and_samples_batch(tiny_dir, tiny_reference):
+    """``generate(list)`` and ``num_return_sequences`` run in the slots too; each sample as a
+    lone call with its seed gives it."""
+    pipe = LLMPipeline(tiny_dir, "NPU", **TINY_NPU)
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = 10, True
+    prompts = [_ids(n, seed) for seed, n in enumerate(LENGTHS[:3])]
+    batch = ov.Tensor(np.stack([p[:5] for p in prompts]))  # a [3, 5] batch of ids
+    got = pipe.generate(batch, config).tokens
+    assert got == [tiny_reference(p[:5], 10) for p in prompts]
+    config.do_sample, config.num_return_sequences, config.rng_seed = True, 3, 7
+    samples = pipe.generate(ov.Tensor(prompts[1][None]), config).tokens
+    assert len({tuple(s) for s in samples}) == 3
+    assert pipe.kv_stats()["batch_peak_sequences"] == 3
+
+
+def test_beams_fork_into_free_slots_as_genai(tiny_dir):
+    """A beam search on the NPU path: each new beam's KV copied into a free slot."""
+    pipe = LLMPipeline(tiny_dir, "NPU", **TINY_NPU)
+    reference = openvino_genai.LLMPipeline(
+        str(tiny_dir), "CPU", KV_CACHE_PRECISION="f32", **{k: TINY_NPU[k] for k in EXACT}
+    )
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.num_beams, config.num_return_sequences = 10, 3, 3
+    config.ignore_eos = True
+    ids = ov.Tensor(_ids(20, 1)[None])
+    ours, theirs = pipe.generate(ids, config), reference.generate(ids, config)
+    assert [list(t) for t in ours.tokens] == [list(t) for t in theirs.tokens]
+    assert np.allclose(ours.scores, theirs.scores, atol=1e-4)
+    assert pipe.kv_stats()["beam_copied_bytes"] > 0
+
+
+def test_a_chat_turn_returns_to_the_slot_that_holds_its_history(tiny_dir, tiny_reference):
+    """A prompt that extends an earlier sequence goes to that sequence's slot, and only its
+    new tokens run (the others keep theirs)."""
+    pipe = LLMPipeline(tiny_dir, "NPU", **TINY_NPU)
+    first = [_ids(n, seed) for seed, n in enumerate((20, 25, 30))]
+    answers = _together(pipe, first, 6)
+    turn = np.concatenate([first[1], answers[1], _ids(4, 9)])
+    again = _together(pipe, [turn, _ids(12, 5)], 6)
+    assert again[0] == tiny_reference(turn, 6)
+    assert again[1] == tiny_reference(_ids(12, 5), 6)
+    slots = pipe.engine.batch.scheduler.lanes
+    assert max(lane.reused_tokens for lane in slots) >= 25  # the history, not recomputed
+
+
+def test_continuous_batching_pipeline_steps_the_slots(tiny_dir, tiny_reference):
+    """genai's ContinuousBatchingPipeline on the NPU path: requests added, then stepped; a
+    step decodes every running request at once."""
+    from npuw_kv import ContinuousBatchingPipeline
+
+    pipe = ContinuousBatchingPipeline(
+        tiny_dir, openvino_genai.SchedulerConfig(), "NPU", dict(TINY_NPU)
+    )
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens, config.ignore_eos = 8, True
+    prompts = [_ids(n, seed) for seed, n in enumerate(LENGTHS[:4])]
+    handles = [pipe.add_request(i, ov.Tensor(p[None]), config) for i, p in enumerate(prompts)]
+    steps = 0
+    while pipe.has_non_finished_requests():
+        pipe.step()
+        steps += 1
+    for prompt, handle in zip(prompts, handles, strict=True):
+        assert list(handle.read_all()[0].generated_ids) == tiny_reference(prompt, 8)
+    # 4 prompts, then (at most) 8 steps that each decode all four
+    assert steps <= 4 + 8 + 1
+    assert pipe.get_metrics().cache_usage >= 0
+
+
+@pytest.mark.unit
+def test_a_scheduler_config_on_the_npu_path_sets_its_slots():
+    from npuw_kv.api.pipeline_args import scheduler_settings
+
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.max_num_seqs, scheduler.enable_prefix_caching = 8, False
+    assert scheduler_settings(scheduler, "NPU", {}) == {"max_num_seqs": 8, "prefix_reuse": False}
+    scheduler.num_kv_blocks = 100
+    with pytest.raises(UsageError, match="num_kv_blocks=100 sizes the paged path"):
+        scheduler_settings(scheduler, "NPU", {})
+    with pytest.raises(UsageError, match="batched steps"):  # one sequence at a time there
+        scheduler_settings(openvino_genai.SchedulerConfig(), "NPU", {"max_num_seqs": 1})
