@@ -148,8 +148,9 @@ def test_continuous_batching_pipeline_steps_the_slots(tiny_dir, tiny_reference):
         steps += 1
     for prompt, handle in zip(prompts, handles, strict=True):
         assert list(handle.read_all()[0].generated_ids) == tiny_reference(prompt, 8)
-    # 4 prompts, then (at most) 8 steps that each decode all four
-    assert steps <= 4 + 8 + 1
+    # a step per prompt chunk, and (at most) 8 more that each decode all four
+    chunks = sum(-(-p.size // TINY_NPU["prefill_chunk_size"]) for p in prompts)
+    assert steps <= chunks + 8 + 1
     assert pipe.get_metrics().cache_usage >= 0
 
 
@@ -165,3 +166,34 @@ def test_a_scheduler_config_on_the_npu_path_sets_its_slots():
         scheduler_settings(scheduler, "NPU", {})
     with pytest.raises(UsageError, match="batched steps"):  # one sequence at a time there
         scheduler_settings(openvino_genai.SchedulerConfig(), "NPU", {"max_num_seqs": 1})
+
+
+def test_a_long_prompt_is_read_between_the_others_steps(tiny_dir, tiny_reference):
+    """An eight-chunk prompt arriving while others decode is read a few chunks at a time
+    between their packed steps; every sequence still gets its tokens alone."""
+    settings = {**TINY_NPU, "max_prompt_len": 128}
+    pipe = LLMPipeline(tiny_dir, "NPU", max_num_seqs=4, **settings)
+    scheduler = pipe.engine.batch.scheduler
+    short = [_ids(6, seed) for seed in range(3)]
+    long = _ids(120, 7)
+    handles = [scheduler.submit(p.tolist()) for p in short]
+    tokens: dict[int, list[int]] = {h: [] for h in handles}
+    late, steps = None, []
+    while scheduler.busy:
+        out = scheduler.step()
+        reading = late is not None and not tokens[late] and scheduler.scheduled == [late]
+        steps.append("late" if reading else len(scheduler.scheduled))
+        for handle, logits in out.items():
+            tokens[handle].append(int(np.argmax(logits)))
+            if len(tokens[handle]) == 12:
+                scheduler.finish(handle)
+            else:
+                scheduler.feed(handle, tokens[handle][-1])
+        if late is None and all(len(t) >= 2 for t in tokens.values()):
+            late = scheduler.submit(long.tolist())
+            tokens[late] = []
+    for prompt, handle in zip([*short, long], [*handles, late], strict=True):
+        assert tokens[handle] == tiny_reference(prompt, 12)
+    first, last = steps.index("late"), len(steps) - 1 - steps[::-1].index("late")
+    assert steps.count("late") == 8  # its 8 chunks, one a step
+    assert 3 in steps[first:last]  # the others' packed step between its first and last chunk

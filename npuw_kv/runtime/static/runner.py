@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -331,6 +331,16 @@ class StaticRunner(Runner):
         logits, else only the last row) — what prompt perplexity needs; the prompt is then run
         whole, no cached prefix reused.
         """
+        *_, logits = self.prefill_chunks(ids, on_chunk)
+        assert logits is not None
+        return logits
+
+    def prefill_chunks(
+        self, ids: np.ndarray, on_chunk: ChunkHook | None = None
+    ) -> Iterator[np.ndarray | None]:
+        """:meth:`prefill` a chunk at a time: the iterator yields None after each chunk but the
+        last, then the last prompt token's logits.  The prompt is checked and planned now;
+        other runners sharing the requests (slots of a pool) may run between two chunks."""
         ids = np.asarray(ids, np.int64).reshape(-1)
         self.check_prompt(ids.size)
         self.activate()
@@ -361,11 +371,17 @@ class StaticRunner(Runner):
             self.prefix_store.restore(ids, plan.cached, plan.pad)
         for bound in self.prefill_variants + self.generate_variants:
             bound.binding.reset()
-        logits = np.empty((1, 0), np.float32)
-        last = plan.num_chunks - 1
         self.prefill_pasts_used = []
         self.prefill_chunk_ms = []
+        return self._chunks(ids, plan, on_chunk)
+
+    def _chunks(
+        self, ids: np.ndarray, plan: PromptPlan, on_chunk: ChunkHook | None
+    ) -> Iterator[np.ndarray | None]:
+        logits = np.empty((1, 0), np.float32)
+        last = plan.num_chunks - 1
         for k in range(plan.num_chunks):
+            self.activate()  # another slot's runner may have run since the last chunk
             variant = pick(self.prefill_variants, plan.chunk_slots(k)[0])
             binding = variant.binding
             past = chunk_past_len(plan, k, binding.grow, binding.past_len)
@@ -380,6 +396,8 @@ class StaticRunner(Runner):
                 rows = np.arange(*inputs.write_slots)[-logits.shape[0] :] - plan.pad
                 new = rows >= plan.cached  # not padding, and not recomputed cached rows
                 on_chunk(positions[new], logits[new])
+            if k < last:
+                yield None
         self.slots.start(plan)
         self._cached = ids.tolist()
         self.reused_tokens = plan.cached
@@ -387,7 +405,7 @@ class StaticRunner(Runner):
         self.prefill_npu_estimate = self.calls.estimate
         self.switch_copied_bytes = 0
         self._at_switch = True
-        return logits[-1].copy()
+        yield logits[-1].copy()
 
     def prefill_every_row(self, ids: np.ndarray, on_rows: ChunkHook) -> np.ndarray:
         """Every prompt row's logits: from the prefill models where they keep the head on

@@ -5,11 +5,11 @@ path's scheduler: sequences are submitted, fed and finished between steps.  Here
 one of the slots (:mod:`.packed`: a region of the KV pool with its own runner) for its whole life,
 waiting while none is free; a free slot keeps its last sequence's KV, so a new prompt goes to
 the free slot that holds the longest prefix of it (a chat's next turn lands where its history
-is) and runs only the rest.  A step is either one prompt read through the prefill models, chunk
-after chunk, or one token of every sequence that decodes, packed in one generate call.  While
-both wait, up to ``PROMPTS_PER_DECODE`` prompts run between two decode steps: a packed step costs
-little more for 16 rows than for 4, so sequences should join it in groups, yet the others'
-next token waits for a few prompts only, not for the whole queue.  A slot never runs out of KV
+is) and runs only the rest.  A step is either one chunk of a prompt, through the prefill models,
+or one token of every sequence that decodes, packed in one generate call.  While both wait, up
+to ``CHUNKS_PER_DECODE`` chunks run between two decode steps: a packed step costs little more
+for 16 rows than for 4, so sequences should join it in groups, yet the others' next token waits
+for a few chunks only, not for a long prompt or the whole queue.  A slot never runs out of KV
 room before its sequence reaches the static models' capacity (MAX_PROMPT_LEN +
 MIN_RESPONSE_LEN), so nothing is preempted: sequences wait for a slot instead.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +29,9 @@ from ..paged.scheduler import StepStats
 from .packed import PackedSteps
 from .runner import StaticRunner
 
-# prompts read one after another while others decode, before those get their next token: a
-# decode step costs about the same for 1 row as for 16, so new sequences join it in groups
-PROMPTS_PER_DECODE = 4
+# prompt chunks run one after another while others decode, before those get their next token:
+# a decode step costs little more for 16 rows than for 1, so new sequences join it in groups
+CHUNKS_PER_DECODE = 4
 
 
 @dataclass
@@ -66,6 +66,7 @@ class SlotSequence:
     computed: int = 0
     given: int = -1  # its tokens when its last logits were handed out
     preemptions: int = 0
+    reading: Iterator[np.ndarray | None] | None = None  # its prompt's chunks, being run
 
     @property
     def waiting_for_logits(self) -> bool:
@@ -86,7 +87,7 @@ class SlotScheduler:
         self.stats = SlotStats(packed=steps)
         self._handles = itertools.count()
         self._holder: dict[int, SlotSequence] = {}  # slot -> its live sequence
-        self._prompts_run = 0  # prompts read since the last decode step
+        self._chunks_run = 0  # prompt chunks run since the last decode step
 
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, tokens: list[int], held: int = 0, scores: Any = None) -> int:
@@ -139,6 +140,7 @@ class SlotScheduler:
         seq = self.live.pop(handle)
         if seq in self.waiting:
             self.waiting.remove(seq)
+        seq.reading = None  # a prompt cancelled part-way: its slot's KV is not kept for reuse
         self.stats.finished_tokens = seq.computed
         self._release(seq)
 
@@ -167,27 +169,36 @@ class SlotScheduler:
         running = [s for s in self.live.values() if s.slot is not None and s.waiting_for_logits]
         prompts = [s for s in running if s.computed == 0]
         decoding = [s for s in running if s.computed]
-        if prompts and (self._prompts_run < PROMPTS_PER_DECODE or not decoding):
-            out = self._prompt(min(prompts, key=lambda s: s.handle))
-            self._prompts_run += 1
+        if prompts and (self._chunks_run < CHUNKS_PER_DECODE or not decoding):
+            # the prompt being read first, else the oldest
+            seq = min(prompts, key=lambda s: (s.reading is None, s.handle))
+            out = self._prompt(seq)
+            self._chunks_run += 1
+            self.scheduled = [seq.handle]
         elif decoding:
             out = self._decode(decoding)
-            self._prompts_run = 0
+            self._chunks_run = 0
+            self.scheduled = list(out)
         else:
-            out = {}
-        self.stats.steps += bool(out)
-        self.stats.peak_batch = max(self.stats.peak_batch, len(out))
-        self.scheduled = list(out)
+            out, self.scheduled = {}, []
+        self.stats.steps += bool(self.scheduled)
+        self.stats.peak_batch = max(self.stats.peak_batch, len(self.scheduled))
         return out
 
     def _prompt(self, seq: SlotSequence) -> dict[int, np.ndarray]:
+        """The next chunk of ``seq``'s prompt (its logits after the last one)."""
         assert seq.slot is not None
         runner = self.lanes[seq.slot]
         ids = np.asarray(seq.tokens, np.int64)
-        if seq.scores is not None and not seq.scores.complete:
+        if seq.scores is not None and not seq.scores.complete:  # every row: read whole
             logits = runner.prefill_every_row(ids, seq.scores.add)
         else:
-            logits = runner.prefill(ids)
+            if seq.reading is None:
+                seq.reading = runner.prefill_chunks(ids)
+            chunk = next(seq.reading)
+            if chunk is None:
+                return {}
+            logits, seq.reading = chunk, None
         seq.computed = seq.given = len(seq.tokens)
         self.stats.prompt_admitted(runner.reused_tokens, seq.held)
         return {seq.handle: logits}
@@ -209,8 +220,8 @@ class SlotScheduler:
         """After a step that did not end: every live sequence is read again from its tokens
         (its slot keeps what it wrote, so the prompt reuses it)."""
         for seq in self.live.values():
-            if seq.slot is not None and seq.waiting_for_logits or seq.computed:
-                seq.computed = 0
+            if seq.slot is not None and (seq.computed or seq.reading is not None):
+                seq.computed, seq.reading = 0, None
                 seq.preemptions += 1
                 self.stats.preemptions += 1
 
