@@ -197,3 +197,29 @@ def test_a_long_prompt_is_read_between_the_others_steps(tiny_dir, tiny_reference
     first, last = steps.index("late"), len(steps) - 1 - steps[::-1].index("late")
     assert steps.count("late") == 8  # its 8 chunks, one a step
     assert 3 in steps[first:last]  # the others' packed step between its first and last chunk
+
+
+def test_a_prefix_held_by_a_live_sequence_is_copied_not_recomputed(tiny_dir, tiny_reference):
+    """Two chats sharing a system prompt of two chunks, the second arriving while the first
+    decodes: the shared slots are copied into the second's slot and only its own tail runs."""
+    pipe = LLMPipeline(tiny_dir, "NPU", max_num_seqs=4, **TINY_NPU)
+    scheduler = pipe.engine.batch.scheduler
+    system = _ids(32, 11)
+    first = np.concatenate([system, _ids(7, 1)])
+    second = np.concatenate([system, _ids(9, 2)])
+    one = scheduler.submit(first.tolist())
+    tokens: dict[int, list[int]] = {one: []}
+    later = None
+    while scheduler.busy:
+        for handle, logits in scheduler.step().items():
+            tokens[handle].append(int(np.argmax(logits)))
+            if len(tokens[handle]) == 8:
+                scheduler.finish(handle)
+            else:
+                scheduler.feed(handle, tokens[handle][-1])
+        if later is None and tokens[one]:  # the first decodes: its slot holds the prompt
+            later = scheduler.submit(second.tolist())
+            tokens[later] = []
+    assert list(tokens.values()) == [tiny_reference(first, 8), tiny_reference(second, 8)]
+    slots = scheduler.lanes
+    assert slots[1].reused_tokens >= 32 and scheduler.moved_bytes > 0

@@ -231,11 +231,21 @@ class SlotScheduler:
 
     def _admit(self) -> None:
         """Waiting sequences into free slots: each to the one holding most of its prefix (the
-        lowest of equals: the packed models read the lowest slots)."""
+        lowest of equals: the packed models read the lowest slots).  When a live sequence's
+        slot holds a longer prefix of it, by a chunk at least, that slot's KV is copied into
+        the free one first (a system prompt shared by concurrent chats is read once)."""
         while self.waiting and (free := self._free()):
             seq = self.waiting.popleft()
-            slot = max(free, key=lambda i: (self.lanes[i].cached_prefix(seq.tokens), -i))
+            slot = max(free, key=lambda i: (self._prefix(i, seq), -i))
             self._take(seq, slot)
+            if not self.lanes[slot].prefix_reuse or seq.scores is not None:
+                continue
+            donor = max(self._holder, key=lambda i: self._prefix(i, seq))
+            if self._prefix(donor, seq) >= self._prefix(slot, seq) + self.lanes[0].chunk:
+                self.lanes[slot].copy_from(self.lanes[donor])
+
+    def _prefix(self, slot: int, seq: SlotSequence) -> int:
+        return self.lanes[slot].cached_prefix(seq.tokens)
 
     def _take(self, seq: SlotSequence, slot: int) -> None:
         seq.slot = slot
