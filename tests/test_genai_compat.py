@@ -221,8 +221,9 @@ def test_the_constructor_takes_a_model_in_memory(smol_dir, expected, tmp_path, m
 @pytest.mark.parametrize(
     ("device", "settings", "fields", "message"),
     [
-        ("NPU", {}, {}, "paged path: use device CPU"),
-        ("CPU", {"attention_backend": "sdpa"}, {}, "paged path"),
+        ("NPU", {"max_num_seqs": 1}, {}, "batched steps: use device CPU"),  # one at a time
+        ("NPU", {}, {"num_kv_blocks": 100}, "sizes the paged path's KV blocks"),
+        ("CPU", {"attention_backend": "sdpa"}, {}, "batched steps"),
         ("CPU", {"PREFIX_CACHE_TOKENS": 64}, {"cache_size": 1}, "cache_size and PREFIX_CACHE"),
         ("CPU", {"SPLIT_FUSE": True}, {"dynamic_split_fuse": False}, "dynamic_split_fuse and"),
         ("CPU", {}, {"use_cache_eviction": True}, "use_cache_eviction"),
@@ -446,8 +447,8 @@ def test_a_scheduler_config_under_auto_means_the_paged_path():
     scheduler = openvino_genai.SchedulerConfig()
     settings = scheduler_settings(scheduler, "CPU", {"KV_CACHE_PRECISION": "f32"})
     assert settings["attention_backend"] == "pa"
-    with pytest.raises(ValueError, match="scheduler_config means the paged path"):
-        scheduler_settings(openvino_genai.SchedulerConfig(), "NPU", {})
+    with pytest.raises(ValueError, match="scheduler_config means batched steps"):
+        scheduler_settings(openvino_genai.SchedulerConfig(), "NPU", {"max_num_seqs": 1})
 
 
 TURNS = ("What is 2+2?", "And times three?", "Say it in French.")

@@ -324,9 +324,9 @@ def test_ctrl_c_stops_the_server_with_exit_code_0():
     assert "Traceback" not in proc.stderr()
 
 
-def test_npu_path_queues_four_streaming_clients():
-    """On the static-shape NPU path requests take turns; each answer equals the one the same
-    request gets alone."""
+def test_npu_path_serves_four_streaming_clients_together():
+    """On the NPU path four streaming requests share packed generate steps (slots of one KV
+    pool); each answer equals the one the same request gets alone."""
     proc = ServeProcess(
         "-d", "NPU", "--exact", "--chunk", "256", "--max-prompt-len", "1024",
         "--min-response-len", "64",
@@ -343,5 +343,10 @@ def test_npu_path_queues_four_streaming_clients():
         got = stream_all(client, requests)
         assert got == alone
         assert proc.wait_idle()["requests"]["completed"] == 8
+        # the slots' prefix counters: every prompt token looked up, the repeated ones found
+        metrics = httpx.get(proc.root + "/metrics", timeout=30).text
+        queries = float(metrics.split("vllm:prefix_cache_queries_total{")[1].split()[1])
+        hits = float(metrics.split("vllm:prefix_cache_hits_total{")[1].split()[1])
+        assert 0 < hits < queries
     finally:
         assert proc.stop() == 0, proc.stderr()

@@ -6,8 +6,9 @@ between the worker and the pipeline, times every token its answers' streamers ar
 counts what each call returned, on the worker thread (a request whose client left is counted
 too).  The KV figures are read from the pipeline when scraped: on the paged path the block
 manager's running totals (prompt tokens looked up, tokens found cached) and the blocks in use,
-and the scheduler's preemptions; the static-shape path runs one sequence at a time and never
-preempts, and its prefix hits are counted per call (:class:`KvFigures`).
+and the scheduler's preemptions; on the NPU path the slots held and the slot scheduler's
+prompt and reused tokens (nothing is preempted there); the CPU's static-shape path runs one
+sequence at a time, its prefix hits counted per call (:class:`KvFigures`).
 
 Each application has its own ``CollectorRegistry``, so several in one process do not clash.
 """
@@ -23,6 +24,8 @@ import openvino_genai
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from ..runtime.static.slot_scheduler import SlotScheduler
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # seconds; from a cached prompt's first token on a small model to a long prompt on the NPU
@@ -108,7 +111,16 @@ class KvFigures:
         """The paged path's block manager; None on the static-shape path."""
         return getattr(self.pipe.runner, "blocks", None)
 
+    def slots(self) -> SlotScheduler | None:
+        """The NPU path's slots (packed generate models); None elsewhere."""
+        batch = getattr(self.pipe.engine, "batch", None)
+        scheduler = batch.scheduler if batch is not None else None
+        return scheduler if isinstance(scheduler, SlotScheduler) else None
+
     def usage(self) -> float:
+        slots = self.slots()
+        if slots is not None:  # a slot holds a whole sequence: held slots of all
+            return slots.slots_held / slots.max_num_seqs
         blocks = self.manager()
         if blocks is not None:  # cached blocks no sequence holds count as free, as in vLLM
             windows = _retry(lambda: list(blocks.stats().windows.values()))
@@ -123,7 +135,7 @@ class KvFigures:
     def after_call(self, results: Sequence[Any], n: int) -> None:
         """The static path's prefix figures of the call that just ended (on its thread): the
         runner reports its last prompt's reuse, so that prompt is what is counted."""
-        if self.manager() is not None or not results:
+        if self.manager() is not None or self.slots() is not None or not results:
             return
         last = results[len(results) - n]
         with self._lock:
@@ -140,6 +152,8 @@ class KvFigures:
         blocks = self.manager()
         if blocks is not None:
             now["queries"], now["hits"] = int(blocks.prompt_tokens), int(blocks.hit_tokens)
+        if (slots := self.slots()) is not None:
+            now["queries"], now["hits"] = slots.prompt_tokens, slots.hit_tokens
         batch = getattr(self.pipe.engine, "batch", None)
         if batch is not None:
             now["preemptions"] = int(batch.scheduler.stats.preemptions)

@@ -88,6 +88,8 @@ class SlotScheduler:
         self._handles = itertools.count()
         self._holder: dict[int, SlotSequence] = {}  # slot -> its live sequence
         self._chunks_run = 0  # prompt chunks run since the last decode step
+        # prompt tokens read, and of them taken from a slot's KV (vLLM's prefix-cache counters)
+        self.prompt_tokens = self.hit_tokens = 0
 
     # -- the caller's side ----------------------------------------------------------------------
     def submit(self, tokens: list[int], held: int = 0, scores: Any = None) -> int:
@@ -201,6 +203,8 @@ class SlotScheduler:
             logits, seq.reading = chunk, None
         seq.computed = seq.given = len(seq.tokens)
         self.stats.prompt_admitted(runner.reused_tokens, seq.held)
+        self.prompt_tokens += len(seq.tokens)
+        self.hit_tokens += runner.reused_tokens
         return {seq.handle: logits}
 
     def _decode(self, decoding: list[SlotSequence]) -> dict[int, np.ndarray]:
