@@ -223,3 +223,6 @@ def test_a_prefix_held_by_a_live_sequence_is_copied_not_recomputed(tiny_dir, tin
     assert list(tokens.values()) == [tiny_reference(first, 8), tiny_reference(second, 8)]
     slots = scheduler.lanes
     assert slots[1].reused_tokens >= 32 and scheduler.moved_bytes > 0
+    # what /metrics reports as vLLM's prefix-cache queries and hits
+    assert scheduler.prompt_tokens == first.size + second.size
+    assert scheduler.hit_tokens == slots[1].reused_tokens
