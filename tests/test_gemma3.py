@@ -160,6 +160,8 @@ def test_greedy_matches_genai_f32_past_the_window(
             assert stats["kv_bytes_per_token"] == 3 * 2 * 256 * 4
             assert stats["window_rings"] == {512: 768}
         assert stats["host_bytes_copied"] == 0
+        if path == "NPU":  # sequences past the window in packed generate steps: each as alone
+            _packed_past_the_window(pipe, long_prompt)
         if path == "CPU/pa":  # the pretrained model: raw text, <bos> first, no chat template
             answer = pipe.generate(
                 "The capital of France is", max_new_tokens=8, apply_chat_template=False
@@ -168,6 +170,30 @@ def test_greedy_matches_genai_f32_past_the_window(
             assert answer.text == " the capital of the country of France."
     finally:
         del pipe
+
+
+def _packed_past_the_window(pipe: LLMPipeline, long_prompt: np.ndarray) -> None:
+    """Three prompts past the 512 window from three threads at once: their tokens step together
+    in packed generate models, each row reading its own ring, and equal each prompt's alone."""
+    import threading
+
+    prompts = [long_prompt[:700], long_prompt[150:1000], long_prompt[300:900]]
+    alone = [pipe.generate(p, max_new_tokens=8, ignore_eos=True).tokens for p in prompts]
+    together: list = [None] * 3
+    start = threading.Barrier(3)
+
+    def call(i: int) -> None:
+        start.wait()
+        together[i] = pipe.generate(prompts[i], max_new_tokens=8, ignore_eos=True).tokens
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+    stats = pipe.kv_stats()
+    assert stats["packed_rows"] >= 2 * stats["packed_steps"] > 0
 
 
 def test_paged_kv_at_4k_is_a_third_of_every_layer_whole(gemma_dir: Path) -> None:
