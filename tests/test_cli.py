@@ -427,3 +427,19 @@ def test_a_port_beyond_65535_is_an_argument_error(capsys):
         main(["serve", "--port", "99999"])
     assert info.value.code == 2
     assert "must be at most 65535, got 99999" in capsys.readouterr().err
+
+
+def test_bench_concurrency_on_the_npu_path_scales_against_one_request(capsys):
+    """``-d NPU``: the NPU path's packed generate models at N = 1 and 2 (npuw-llm, NPUW's own
+    pipeline, cannot compile the GGUF-converted IR: its row says so), the throughput scaled
+    against N = 1; a runtime --concurrency does not run is refused by name."""
+    argv = ["bench", "--concurrency", "1,2", "-d", "NPU", "--new-tokens", "4", "--prompt-len", "20"]
+    assert main([*argv, "--repeats", "1"]) == 1  # npuw-llm failed
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
+    assert [r[1] for r in rows if r[1] == "npuw-kv-npu"] == ["npuw-kv-npu"] * 2, out
+    assert "npuw-llm         failed: Broadcast incorrect target shape" in out
+    assert re.search(r"2  throughput against N=1: npuw-kv-npu x\d+\.\d\d", out), out
+    with pytest.raises(SystemExit):
+        main(["bench", "--concurrency", "2", "--runtimes", "genai-sdpa"])
+    assert "--concurrency runs npuw-kv, npuw-kv-threads, genai-cpu" in capsys.readouterr().err

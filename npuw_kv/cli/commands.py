@@ -123,11 +123,14 @@ def _check_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(
                 f"--concurrency takes counts >= 1 such as 1,4,16, got {args.concurrency!r}"
             )
-        if args.runtimes is not None or (args.device or "CPU").upper() != "CPU":
-            parser.error(
-                "--concurrency compares npuw-kv's CPU path with genai-cpu: "
-                "drop --runtimes / --device"
-            )
+        from ..tools.bench_batch import concurrency_runtimes
+
+        if args.runtimes is not None and args.device is not None:
+            parser.error("bench: give either --device or --runtimes, not both")
+        try:
+            concurrency_runtimes(args.runtimes, args.device)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.quick:  # run_bench fills in the lengths left unset
         lengths = (("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens))
         given = [option for option, value in lengths if value is not None]

@@ -1,7 +1,9 @@
 """``npuw-kv bench --concurrency N``: N prompts submitted together, npuw-kv's paged path beside
 openvino-genai's CPU pipeline (its continuous-batching scheduler, defaults as a user gets them):
 npuw-kv as one ``generate(list_of_prompts)`` and as N threads calling ``generate(prompt)`` at
-once (``npuw-kv-threads``: they join one batch).
+once (``npuw-kv-threads``: they join one batch).  With ``-d NPU``: the NPU path (its packed
+generate models) beside NPUW's own LLM pipeline, which runs batch 1 and so serves the prompts
+one after another.
 
 Each runtime and N runs in its own process (its peak RSS is its own), warms up once with the
 same batch, then times ``repeats`` calls of ``generate(list_of_prompts)`` (greedy,
@@ -21,9 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from .bench_worker import _peak_rss_mb, progress, worker_result
+from .bench_worker import _peak_rss_mb, genai_pipeline, progress, worker_result
 
-BATCH_RUNTIMES = ("npuw-kv", "npuw-kv-threads", "genai-cpu")
+# what --concurrency runs on each device: ours, then the peer the ratios are taken against
+CONCURRENCY_RUNTIMES = {
+    "CPU": ("npuw-kv", "npuw-kv-threads", "genai-cpu"),
+    # the NPU path's packed generate models, beside NPUW's own LLM pipeline (batch 1: it serves
+    # the prompts one after another, each request's time to first token counted from the start)
+    "NPU": ("npuw-kv-npu", "npuw-llm"),
+}
+BATCH_RUNTIMES = tuple(r for runtimes in CONCURRENCY_RUNTIMES.values() for r in runtimes)
 
 
 def _threaded(pipe: Any, prompts: list[str], config: Any) -> tuple[list[str], int, list[float]]:
@@ -46,6 +55,36 @@ def _threaded(pipe: Any, prompts: list[str], config: Any) -> tuple[list[str], in
     generated = sum(r.perf_metrics.get_num_generated_tokens() for r in out)
     ttfts = [t for r in out for t in r.perf_metrics.raw_metrics.m_times_to_first_token]
     return [str(r) for r in out], generated, ttfts
+
+
+def _one_after_another(
+    pipe: Any, prompts: list[str], config: Any
+) -> tuple[list[str], int, list[float]]:
+    """A batch-1 pipeline serving the prompts in turn: the texts, the tokens generated and
+    each request's time to first token from the start of the first (µs): its wait included."""
+    start = time.perf_counter()
+    texts, generated, ttfts = [], 0, []
+    for prompt in prompts:
+        began = (time.perf_counter() - start) * 1e6
+        out = pipe.generate([prompt], config)
+        texts.append(out.texts[0])
+        generated += out.perf_metrics.get_num_generated_tokens()
+        ttfts.append(began + out.perf_metrics.get_ttft().mean * 1e3)  # ms -> µs
+    return texts, generated, ttfts
+
+
+def concurrency_runtimes(listed: str | None, device: str | None) -> list[str]:
+    """The runtimes ``--concurrency`` runs: those listed, else the device's own and its peer."""
+    if listed is None:
+        dev = (device or "CPU").upper()
+        if dev not in CONCURRENCY_RUNTIMES:
+            raise ValueError(f"bench: --device must be CPU or NPU, got {device!r}")
+        return list(CONCURRENCY_RUNTIMES[dev])
+    runtimes = [r.strip() for r in listed.split(",") if r.strip()]
+    bad = [r for r in runtimes if r not in BATCH_RUNTIMES]
+    if bad or not runtimes:
+        raise ValueError(f"--concurrency runs {', '.join(BATCH_RUNTIMES)}, not {bad}")
+    return runtimes
 
 
 def batch_prompts(tokenizer: Any, n: int, prompt_len: int) -> list[str]:
@@ -79,7 +118,12 @@ def measure_batch(
     model_dir = resolve_model(model, log=lambda *a, **k: None)
     prompts = batch_prompts(openvino_genai.Tokenizer(str(model_dir)), n, prompt_len)
     if runtime.startswith("npuw-kv"):
-        pipe: Any = LLMPipeline(model_dir, "CPU", **extra)
+        device = "NPU" if runtime == "npuw-kv-npu" else "CPU"
+        pipe: Any = LLMPipeline(model_dir, device, **extra)
+    elif runtime == "npuw-llm":
+        room = max(1024, -(-prompt_len // 256) * 256)
+        props = {k: v for k, v in extra.items() if k != "scheduler_config"}  # not paged
+        pipe = genai_pipeline(runtime, model_dir, props, room, max(128, new_tokens))
     elif runtime == "genai-cpu":
         props = dict(extra)
         if props.pop("scheduler_config", None) == "cold":
@@ -97,6 +141,8 @@ def measure_batch(
         start = time.perf_counter()
         if runtime == "npuw-kv-threads":
             texts, generated, ttfts = _threaded(pipe, prompts, config)
+        elif runtime == "npuw-llm":
+            texts, generated, ttfts = _one_after_another(pipe, prompts, config)
         else:
             out = pipe.generate(prompts, config)
             texts, generated = list(out.texts), out.perf_metrics.get_num_generated_tokens()
@@ -144,11 +190,13 @@ def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> 
     print(header)
     print("-" * len(header))
     failed = False
+    runtimes = concurrency_runtimes(getattr(args, "runtimes", None), getattr(args, "device", None))
+    alone: dict[str, float] = {}  # each runtime's tokens/s at the first N (N = 1: one request)
     for n in levels:
         rows = []
-        for runtime in BATCH_RUNTIMES:
+        for runtime in runtimes:
             print(f"  running {runtime} at N={n} ...", file=sys.stderr, flush=True)
-            extra = theirs if runtime == "genai-cpu" else ours
+            extra = ours if runtime.startswith("npuw-kv") else theirs
             rows.append(_worker(runtime, n, args, extra))
         texts = rows[0].get("texts")
         for r in rows:
@@ -163,8 +211,18 @@ def run_concurrency(args: Any, ours: dict[str, Any], theirs: dict[str, Any]) -> 
                 f"{n:>3}  {r['runtime']:<16}{r['tok_s']:>8.1f}{p50:>12}{p95:>12}"
                 f"{r['tpot_ms']:>10.1f}{r['peak_rss_mb']:>13.0f}  {same}"
             )
-        if all("error" not in r for r in rows):
-            genai = rows[-1]["tok_s"]
-            ratios = ", ".join(f"{r['runtime']} x{r['tok_s'] / genai:.2f}" for r in rows[:-1])
-            print(f"{n:>3}  throughput against genai-cpu: {ratios}", flush=True)
+        if all("error" not in r for r in rows) and len(rows) > 1:
+            peer = rows[-1]["tok_s"]
+            ratios = ", ".join(f"{r['runtime']} x{r['tok_s'] / peer:.2f}" for r in rows[:-1])
+            print(f"{n:>3}  throughput against {rows[-1]['runtime']}: {ratios}", flush=True)
+        for r in rows:
+            if "error" not in r:
+                alone.setdefault(r["runtime"], r["tok_s"])
+        if n != levels[0]:
+            scaled = ", ".join(
+                f"{r['runtime']} x{r['tok_s'] / alone[r['runtime']]:.2f}"
+                for r in rows
+                if "error" not in r and r["runtime"] in alone
+            )
+            print(f"{n:>3}  throughput against N={levels[0]}: {scaled}", flush=True)
     return 1 if failed else 0
