@@ -191,6 +191,34 @@ def test_each_family_gives_genais_tokens_on_every_path(family_dir, prompt, genai
     got = pipe.generate([int(t) for t in prompt], max_new_tokens=NEW, ignore_eos=True).tokens
     assert got == genai_tokens
     assert len(set(got)) > 3  # a varied answer, not one token repeated
+    if path == "NPU" and pipe.engine.batch is not None:
+        _packed_like_alone(pipe, prompt, got)
+
+
+def _packed_like_alone(pipe: LLMPipeline, prompt: np.ndarray, alone: list[int]) -> None:
+    """The prompt and two shorter cuts of it from three threads: their tokens step together
+    in packed generate models (model/packed.py), and the full prompt's are its tokens alone."""
+    import threading
+
+    prompts = [prompt, prompt[:40], prompt[100:]]
+    out: list = [None] * 3
+    start = threading.Barrier(3)
+
+    def call(i: int) -> None:
+        start.wait()
+        out[i] = pipe.generate(prompts[i], max_new_tokens=NEW, ignore_eos=True).tokens
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out[0] == alone
+    assert out[1:] == [
+        pipe.generate(p, max_new_tokens=NEW, ignore_eos=True).tokens for p in prompts[1:]
+    ]
+    stats = pipe.kv_stats()
+    assert stats["packed_rows"] >= 2 * stats["packed_steps"] > 0
 
 
 # Two paths that compute in bf16 (genai's CPU defaults; NPUW's CPU sub-models) each move a

@@ -66,8 +66,7 @@ def _past_concat(param: ov.Node) -> ov.Node:
         converts = [t.get_node() for t in targets if t.get_node().get_type_name() == "Convert"]
         if len(converts) != 1:
             raise ModelLayoutError(
-                f"past input {param.get_friendly_name()!r} does not reach a Concat; "
-                "set packed_slots=1"
+                f"past input {param.get_friendly_name()!r} does not reach a Concat; not packed"
             )
         out = converts[0].output(0)
 
@@ -110,13 +109,11 @@ def pack_slots(model: ov.Model, layout: KVLayout, slots: int) -> int:
     """Rewrite ``model`` (prepared, before its static reshape; its past may be split in blocks)
     to step ``slots`` sequences at once (module docstring).  Returns the attentions rewritten.
 
-    Refused (:class:`ModelLayoutError`, naming ``packed_slots``): V stored transposed, an
+    Refused (:class:`ModelLayoutError`, said by the caller with the setting): V transposed, an
     attention whose K/V reach it other than straight from the joined past (a GQA expansion kept
     for attention sinks), or one this rewrite cannot tie to a layer."""
     if any(p.seq_axis != 2 for p in layout.ports):
-        raise ModelLayoutError(
-            "packed_slots > 1 keeps V as [1, H, S, D]; set optimize_v_tensors=NO or packed_slots=1"
-        )
+        raise ModelLayoutError("a packed model reads V as [1, H, S, D], not transposed")
     concats: set[str] = set()
     for port in layout.ports:
         h, d = port.num_heads, port.head_dim
@@ -144,21 +141,17 @@ def pack_slots(model: ov.Model, layout: KVLayout, slots: int) -> int:
         if not all(_concat_of(sdpa.input_value(i), concats) for i in (1, 2)):
             raise ModelLayoutError(
                 f"attention {sdpa.get_friendly_name()!r} reads its K/V through more than the "
-                "joined past (a GQA expansion kept for attention sinks); set packed_slots=1"
+                "joined past (a GQA expansion kept for attention sinks)"
             )
         layer = attention_layer(sdpa, key_layers)
         if layer is None:
-            raise ModelLayoutError(
-                f"attention {sdpa.get_friendly_name()!r} is tied to no layer; set packed_slots=1"
-            )
+            raise ModelLayoutError(f"attention {sdpa.get_friendly_name()!r} is tied to no layer")
         for i in (1, 2):  # the joined past's new shape, up to this attention
             _refresh(sdpa.input_value(i).get_node(), refreshed)
         _pack_attention(sdpa, slots, layout.window[layer], masks)
         rewritten += 1
     if rewritten != layout.num_layers:
-        raise ModelLayoutError(
-            f"{rewritten} attentions packed for {layout.num_layers} layers; set packed_slots=1"
-        )
+        raise ModelLayoutError(f"{rewritten} attentions packed for {layout.num_layers} layers")
     params = [m.get_node() for m in masks.values() if m.get_node().get_type_name() == "Parameter"]
     model.add_parameters(params)
     mask = _param(model, "attention_mask")
@@ -174,14 +167,19 @@ def _pack_attention(
     window: int | None,
     masks: dict[int | None, ov.Output],
 ) -> None:
-    """Give ``sdpa`` its rows per sequence region (module docstring)."""
-    query = sdpa.input_value(0)
+    """Give ``sdpa`` its rows per sequence region (module docstring).  The query
+    ``[1, A, r K, D]`` has ``g = A / B`` heads for each of the B K/V heads of a slot (1 after
+    the GQA fold; A for one K/V head that SDPA broadcasts, multi-query attention): it becomes
+    ``[1, K B, g r, D]``, each slot's K/V head with the rows of its query heads."""
+    query, key = sdpa.input_value(0), sdpa.input_value(1)
     heads, rows, dim = (query.get_partial_shape()[i].get_length() for i in (1, 2, 3))
-    group = rows // slots  # query heads folded into rows per token (GQA)
-    q = ops.reshape(query, _const([1, heads, group, slots, dim]), False)
-    q = ops.reshape(
-        ops.transpose(q, _const([0, 3, 1, 2, 4])), _const([1, slots * heads, group, dim]), False
-    )
+    kv_heads = key.get_partial_shape()[1].get_length() // slots
+    per_kv, group = heads // kv_heads, rows // slots  # query heads per K/V head; rows per token
+    if per_kv * kv_heads != heads:
+        raise ModelLayoutError(f"{heads} query heads over {kv_heads} K/V heads")
+    q = ops.reshape(query, _const([1, kv_heads, per_kv, group, slots, dim]), False)
+    q = ops.transpose(q, _const([0, 4, 1, 2, 3, 5]))
+    q = ops.reshape(q, _const([1, slots * kv_heads, per_kv * group, dim]), False)
     kind = sdpa.input_value(3).get_element_type()
     boolean = kind == ov.Type.boolean
     if window not in masks:
@@ -191,22 +189,18 @@ def _pack_attention(
         masks[window] = param.output(0)
     source = masks[window]
     if (source.get_element_type() == ov.Type.boolean) != boolean:
-        raise ModelLayoutError(
-            f"attentions of window {window} take boolean and additive masks; set packed_slots=1"
-        )
+        raise ModelLayoutError(f"attentions of window {window} take boolean and additive masks")
     mask = source if source.get_element_type() == kind else ops.convert(source, kind).output(0)
-    # each sequence's row of the mask, for every one of its heads: [1, K * A, 1, S]
+    # each sequence's row of the mask, for every one of its K/V heads: [1, K * B, 1, S]
     keys = ops.gather(ops.shape_of(source, ov.Type.i64), _const([3]), 0)
-    spread = ops.concat([_const([1, slots, heads, 1]), keys], 0)
+    spread = ops.concat([_const([1, slots, kv_heads, 1]), keys], 0)
     mask = ops.broadcast(ops.unsqueeze(mask, _const([2])), spread)
-    mask = ops.reshape(mask, ops.concat([_const([1, slots * heads, 1]), keys], 0), False)
+    mask = ops.reshape(mask, ops.concat([_const([1, slots * kv_heads, 1]), keys], 0), False)
     extra = [sdpa.input_value(i) for i in range(4, sdpa.get_input_size())]
-    k, v = sdpa.input_value(1), sdpa.input_value(2)
-    attn = ops.scaled_dot_product_attention(q, k, v, mask, *extra, causal=False)
-    out = ops.reshape(attn, _const([1, slots, heads, group, dim]), False)
-    out = ops.reshape(
-        ops.transpose(out, _const([0, 2, 3, 1, 4])), _const([1, heads, rows, dim]), False
-    )
+    attn = ops.scaled_dot_product_attention(q, key, sdpa.input_value(2), mask, *extra, causal=False)
+    out = ops.reshape(attn, _const([1, slots, kv_heads, per_kv, group, dim]), False)
+    out = ops.transpose(out, _const([0, 2, 3, 4, 1, 5]))
+    out = ops.reshape(out, _const([1, heads, rows, dim]), False)
     sdpa.output(0).replace(out.output(0))
 
 

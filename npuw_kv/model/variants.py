@@ -120,6 +120,11 @@ def static_ladder(
             m.set_friendly_name(f"npuw_kv_{phase}_past{past}")
             models[phase].append((past, m))
     base, base_layout = bases["generate"]
+    packed_models = []
+    try:
+        packed_models = [(n, packed_model(base, base_layout, shapes, n)) for n in packed]
+    except ModelLayoutError as exc:  # the caller refuses or warns, by the setting
+        dropped["packed"] = f"the packed generate models did not build ({exc})"
     return Ladder(
         models["prefill"],
         models["generate"],
@@ -127,7 +132,7 @@ def static_ladder(
         base_layout,
         mismatched,
         dropped,
-        [(slots, packed_model(base, base_layout, shapes, slots)) for slots in packed],
+        packed_models,
     )
 
 

@@ -10,7 +10,7 @@ import openvino as ov
 
 from ..config.decide import Decided
 from ..config.pipeline_config import PipelineConfig
-from ..config.settings import label
+from ..config.settings import MAX_NUM_SEQS, label
 from ..errors import CompileError, ModelLayoutError, UsageError, last_line
 from ..kv.shapes import StaticShapes
 from ..model.dynamic_shapes import refuse_run_time_shapes
@@ -374,6 +374,17 @@ def check_variants(config: PipelineConfig, ladder: Ladder) -> None:
         "generate": ("generate_pyramid", config.generate_pyramid is True, "NO"),
     }
     for phase, why in ladder.dropped.items():
+        if phase == "packed":  # max_num_seqs' default: one sequence at a time, said
+            name = label("max_num_seqs")
+            if config.max_num_seqs != MAX_NUM_SEQS:
+                raise ModelLayoutError(f"{name} {config.max_num_seqs}: {why}; set it 1")
+            warnings.warn(
+                f"{name} {MAX_NUM_SEQS} (the default): {why}; this model runs one sequence "
+                "at a time on this path. Set it 1 to silence this",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            continue
         name, explicit, plain = settings[phase]
         if explicit:
             raise ModelLayoutError(
