@@ -64,6 +64,6 @@ class SlotPool:
         return array[:count].reshape(1, count * spec.num_heads, rows, spec.head_dim)
 
     @property
-    def bytes_touched_max(self) -> int:
-        """What the regions take when every one is written (virtual until then)."""
+    def nbytes(self) -> int:
+        """The pool's size: every slot's region (resident only where a sequence wrote it)."""
         return sum(a.nbytes for a in self.arrays.values())

@@ -27,6 +27,7 @@ from ..runner import ChunkHook, Runner
 from .binding import BoundPort
 from .ladder import BoundModel, bind_ladder, pick
 from .npu_calls import NpuCalls
+from .npu_stats import npu_stats
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
 from .prompt_reuse import choose_plan
@@ -268,47 +269,8 @@ class StaticRunner(Runner):
             # sliding windows whose layers keep their KV in a ring, and its slots
             "window_rings": dict(self.layout.rings),
             "prefill_v_layout": _v_layout(self.prefill_layout),
-            **self._npu_stats(),
+            **npu_stats(self),
         }
-
-    def _npu_stats(self) -> dict[str, Any]:
-        """On the NPU path: who enforces an NPU's I/O rules, whether strided outputs are bound,
-        and what an NPU copies by those rules since the last prompt (an estimate; the double,
-        where it runs, counts the same calls itself)."""
-        io = self.requests.npu_io
-        if io is None:
-            return {}
-        stats: dict[str, Any] = {
-            "npu_io": io.enforced_by,
-            "strided_outputs": "direct" if self.generate_binding.strided_outputs else "staged",
-            # NPU_ENABLE_STRIDES_FOR on the KV ports: chosen by npuw-kv, given, or none
-            "kv_strides": (
-                ("chosen" if io.strides_chosen else "given") if io.strided_ports else "none"
-            ),
-            "npu_copied_bytes_estimate": self.calls.estimate,
-            # of host_bytes_copied: the staged outputs' rows (strided outputs staged)
-            "staged_output_bytes": sum(m.binding.staged_output_bytes for m in self.calls.models),
-            "npu_prefill_copied_bytes_estimate": self.prefill_npu_estimate,
-            "npu_kv_memory": "device" if io.memory.device else "host",
-            "submodel_devices": self._submodel_devices(),
-        }
-        if self.calls.refused:
-            stats["strided_output_refused"] = self.calls.refused
-        if io.double is not None:
-            stats["double_copied_bytes"] = io.double.bytes
-        return stats
-
-    def _submodel_devices(self) -> dict[str, str]:
-        """Where each model of the NPU path runs: the static models where NPUW was allowed to
-        place their sub-models (runtime/npu_compile.py), the cut-out embedding and head where
-        they were compiled."""
-        requests = self.requests
-        placed = {"prefill": requests.npuw_placement, "generate": requests.npuw_placement}
-        for name, request in (("embed", requests.embed), ("head", requests.head)):
-            if request is not None:
-                devices = request.get_compiled_model().get_property("EXECUTION_DEVICES")
-                placed[name] = devices if isinstance(devices, str) else ",".join(devices)
-        return placed
 
     def _lay_out_v(self, layout: KVLayout, start: int, stop: int) -> int:
         """Have the V slots ``[start, stop)`` laid out as ``layout``'s models read them; the

@@ -48,7 +48,7 @@ class SlotStats(StepStats):
                 packed_slots=[m.slots for m in self.packed.models],
                 packed_steps=self.packed.steps,
                 packed_rows=self.packed.rows,
-                kv_pool_bytes=self.packed.pool.bytes_touched_max,
+                kv_pool_bytes=self.packed.pool.nbytes,
             )
         return out
 
