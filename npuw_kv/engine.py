@@ -365,8 +365,9 @@ class Engine:
     def kv_stats(self) -> dict[str, Any]:
         """KV memory and host-copy accounting of the last request (the running batch's
         scheduler's figures where its prompt was the last); ``max_live_sequences``: how many
-        sequences run at once (``max_num_seqs``; the static-shape path runs one at a time)."""
-        live = {"max_live_sequences": self.config.max_num_seqs if self.batch else 1}
+        sequences run at once (``max_num_seqs``, or the NPU path's slots; the CPU's static-shape
+        path runs one at a time)."""
+        live = {"max_live_sequences": self.batch.scheduler.max_num_seqs if self.batch else 1}
         steps = self.batch.scheduler.stats.report() if self.batch is not None else {}
         return {
             **self.runner.stats(), **steps, **self.assisted.stats(), **self.batch_stats, **live

@@ -61,6 +61,10 @@ def test_packed_models_by_max_num_seqs():
     assert decide.packed_slots(npu(max_num_seqs=6)) == (4, 6)
     assert decide.packed_slots(npu(max_num_seqs=40)) == (4, 16, 40)
     assert decide.packed_slots(npu(max_num_seqs=1)) == ()
+    # the default stands for as many slots as 16 x 2048 tokens of capacity hold
+    assert decide.packed_slots(npu(max_prompt_len=4096)) == (4, 7)
+    assert decide.packed_slots(npu(max_prompt_len=16128, min_response_len=128)) == (2,)
+    assert decide.packed_slots(npu(max_prompt_len=16128, max_num_seqs=8)) == (4, 8)  # as set
     assert decide.packed_slots(npu(optimize_v_tensors=True)) == ()
     cpu = PipelineConfig.from_kwargs("CPU", attention_backend="sdpa")
     assert decide.packed_slots(cpu) == ()

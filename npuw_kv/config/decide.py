@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from .settings import _as_bool
+from .settings import MAX_NUM_SEQS, _as_bool
 
 if TYPE_CHECKING:
     import openvino as ov
@@ -56,6 +56,10 @@ class Settings(Protocol):
     def npuw_devices(self) -> str: ...
     @property
     def max_num_seqs(self) -> int: ...
+    @property
+    def max_prompt_len(self) -> int: ...
+    @property
+    def min_response_len(self) -> int: ...
     @property
     def compile_properties(self) -> dict[str, Any]: ...
 
@@ -98,16 +102,24 @@ def static_models(config: Settings) -> bool:
 
 # the packed generate models' sizes below max_num_seqs (model/packed.py): sequences at once
 PACKED_RUNGS = (4, 16, 64)
+# under the default max_num_seqs, the slots times one sequence's capacity stay within this many
+# tokens: a packed model holds the concatenated past of all its slots in every layer (a 16k
+# context's 16 slots: ~2 GB more on the 1B stand-in; docs/measurements.md)
+PACKED_SLOT_TOKENS = 16 * 2048
 
 
 def packed_slots(config: Settings) -> tuple[int, ...]:
     """How many sequences each packed generate model steps at once, ascending (empty: one
     sequence at a time).  The static models' path (NPU) with ``max_num_seqs`` > 1: a model
     for each of 4, 16, 64 below it and one for it, so a step runs the smallest
-    model that holds the live sequences (16: models of 4 and 16 sequences).  Not with V
+    model that holds the live sequences (16: models of 4 and 16 sequences).  The default
+    ``max_num_seqs`` stands for as many as ``PACKED_SLOT_TOKENS`` hold (16 up to a 2k
+    capacity, 7 at 4k, 2 at 16k).  Not with V
     stored transposed, asked for (``optimize_v_tensors``), which a packed model does not read:
     then one sequence at a time (both asked for is refused: ``PipelineConfig``)."""
     top = config.max_num_seqs
+    if top == MAX_NUM_SEQS:  # the default: as many as PACKED_SLOT_TOKENS of capacity hold
+        top = min(top, PACKED_SLOT_TOKENS // (config.max_prompt_len + config.min_response_len))
     if not static_models(config) or top < 2 or config.optimize_v_tensors:
         return ()  # V transposed, asked for: not read by a packed model (one at a time)
     return (*(r for r in PACKED_RUNGS if r < top), top)

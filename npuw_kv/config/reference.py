@@ -56,7 +56,8 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         (
             "sequences that run at once; the others wait. `pa`: one batched step's at most; "
             "NPU: slots of the KV pool, stepped together by packed generate models (of 4, 16, "
-            "64 below it and of it; 1: one sequence at a time)"
+            "64 below it and of it; 1: one sequence at a time; the default, as many as 16 x "
+            "2048 tokens of `max_prompt_len + min_response_len` hold: 16 up to 2k, 2 at 16k)"
         ),
     ),
     "split_fuse": (
