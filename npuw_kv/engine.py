@@ -212,6 +212,8 @@ class Engine:
         if self.lora is not None and alphas is not None and self.lora.set(alphas):
             self.runner.forget_prefixes()
             if self.batch is not None:
+                if isinstance(self.batch.scheduler, SlotScheduler):  # every slot's, not one
+                    self.batch.scheduler.forget_prefixes()
                 self.batch.mode = alphas
 
     def constraint(

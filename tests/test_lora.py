@@ -137,11 +137,20 @@ def test_genai_adapters_are_read_again_from_their_files(lora):
     )
 
 
-def test_threads_with_different_adapters_each_get_their_own_tokens(lora):
-    """On the paged path calls of other alphas wait for the running batch to end."""
+@pytest.mark.parametrize("device", ["CPU", "NPU"])
+def test_threads_with_different_adapters_each_get_their_own_tokens(lora, device):
+    """Calls of other alphas wait for the running batch to end (the paged path's, or the NPU
+    path's slots, every one of which then drops the KV of its last prompt: with chunks of 16
+    the same prompt would otherwise continue from KV of the other alphas)."""
     first = Adapter(lora["first"])
+    npu = {"prefill_chunk_size": 16, "max_prompt_len": 64, "min_response_len": NEW}
     pipe = LLMPipeline(
-        lora["ir"], "CPU", kv_precision="f32", adapters=AdapterConfig(first, 0.75), **EXACT_F32
+        lora["ir"],
+        device,
+        kv_precision="f32",
+        adapters=AdapterConfig(first, 0.75),
+        **EXACT_F32,
+        **(npu if device == "NPU" else {}),
     )
     plans = [AdapterConfig(first, 0.75), AdapterConfig()] * 4
     got: dict[int, list[int]] = {}

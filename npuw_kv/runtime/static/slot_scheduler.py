@@ -150,6 +150,12 @@ class SlotScheduler:
     def busy(self) -> bool:
         return bool(self.live)
 
+    def forget_prefixes(self) -> None:
+        """Every slot drops the KV it keeps for reuse (the model computes other KV now: other
+        LoRA alphas); nothing may be live."""
+        for lane in self.lanes:
+            lane.forget_prefixes()
+
     @property
     def slots_held(self) -> int:
         """Slots a live sequence holds now."""
