@@ -371,8 +371,12 @@ class Engine:
         path runs one at a time)."""
         live = {"max_live_sequences": self.batch.scheduler.max_num_seqs if self.batch else 1}
         steps = self.batch.scheduler.stats.report() if self.batch is not None else {}
+        runner = self.runner
+        slots = self.batch.scheduler if self.batch is not None else None
+        if isinstance(slots, SlotScheduler) and slots.stats.latest:
+            runner = slots.latest  # the slot whose prompt the batch ran last
         return {
-            **self.runner.stats(), **steps, **self.assisted.stats(), **self.batch_stats, **live
+            **runner.stats(), **steps, **self.assisted.stats(), **self.batch_stats, **live
         }  # fmt: skip
 
     def set_kv_window_shares(self, shares: Any) -> None:

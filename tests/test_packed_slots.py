@@ -230,3 +230,18 @@ def test_a_prefix_held_by_a_live_sequence_is_copied_not_recomputed(tiny_dir, tin
     # what /metrics reports as vLLM's prefix-cache queries and hits
     assert scheduler.prompt_tokens == first.size + second.size
     assert scheduler.hit_tokens == slots[1].reused_tokens
+
+
+def test_kv_stats_report_the_slot_whose_prompt_ran_last(tiny_dir):
+    """A four-chunk prompt in slot 0, then a one-chunk prompt in slot 1: the static figures of
+    kv_stats() are slot 1's, the last prompt's (slot 0 alone would say four chunks)."""
+    pipe = LLMPipeline(tiny_dir, "NPU", max_num_seqs=4, **TINY_NPU)
+    scheduler = pipe.engine.batch.scheduler
+    handles = [scheduler.submit(_ids(50, 1).tolist()), scheduler.submit(_ids(5, 2).tolist())]
+    while any(scheduler.live[h].computed == 0 for h in handles):
+        scheduler.step()
+    assert scheduler.latest is scheduler.lanes[1]
+    assert len(scheduler.lanes[0].prefill_pasts_used) == 4
+    assert len(pipe.kv_stats()["prefill_pasts_used"]) == 1
+    for handle in handles:
+        scheduler.finish(handle)

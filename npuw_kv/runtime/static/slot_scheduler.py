@@ -85,6 +85,7 @@ class SlotScheduler:
         self.waiting: deque[SlotSequence] = deque()
         self.scheduled: list[int] = []
         self.stats = SlotStats(packed=steps)
+        self.latest: StaticRunner = self.lanes[0]  # the slot whose prompt ran last
         self._handles = itertools.count()
         self._holder: dict[int, SlotSequence] = {}  # slot -> its live sequence
         self._chunks_run = 0  # prompt chunks run since the last decode step
@@ -208,6 +209,7 @@ class SlotScheduler:
                 return {}
             logits, seq.reading = chunk, None
         seq.computed = seq.given = len(seq.tokens)
+        self.latest = runner
         self.stats.prompt_admitted(runner.reused_tokens, seq.held)
         self.prompt_tokens += len(seq.tokens)
         self.hit_tokens += runner.reused_tokens
