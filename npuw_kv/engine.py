@@ -304,9 +304,10 @@ class Engine:
         beams = config.num_beams > 1
         if beams and (self.decided.config.device != "CPU" or self.assisted.mode is not None):
             raise UsageError(
-                f"num_beams > 1 runs on the CPU without speculative decoding (the "
-                f"PagedAttention path, or the static-shape path one beam at a time); the "
-                f"{self.decided.config.device} path runs one sequence per call"
+                f"num_beams > 1 runs without speculative decoding on the CPU (the "
+                f"PagedAttention path, or the static-shape path one beam at a time) and on the "
+                f"NPU path in its slots (max_num_seqs > 1); the "
+                f"{self.decided.config.device} path here runs one sequence per call"
             )
         limit = self.trained_context[0] if self.trained_context else None
         results: list[GenerationResult] = []

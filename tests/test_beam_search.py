@@ -192,10 +192,11 @@ def test_static_path_beams_end_where_a_beam_no_longer_fits_one_prompt(static_pip
 
 
 def test_npu_path_refuses_beams_by_name_and_stays_usable(tiny_dir):
-    pipe = LLMPipeline(tiny_dir, "NPU", **TINY_NPU)
+    """With one sequence at a time (max_num_seqs=1); in slots they run (test_packed_slots.py)."""
+    pipe = LLMPipeline(tiny_dir, "NPU", max_num_seqs=1, **TINY_NPU)
     ids = np.arange(100, 120, dtype=np.int64)
     before = pipe.generate(ids, max_new_tokens=6, ignore_eos=True).tokens
-    with pytest.raises(ValueError, match="num_beams > 1 runs on the CPU.*NPU path"):
+    with pytest.raises(ValueError, match="num_beams > 1 runs.*max_num_seqs > 1.*NPU path here"):
         pipe.generate(ids, num_beams=2, max_new_tokens=6)
     assert pipe.generate(ids, max_new_tokens=6, ignore_eos=True).tokens == before
 
