@@ -209,9 +209,9 @@ def every_row_hidden(model: ov.Model, layout: KVLayout) -> bool:
     packed sequence.  False when the output was not cut to the last row."""
     result = model.outputs[layout.logits_output_index].get_node()
     node = result.input_value(0).get_node()
-    path: list[ov.Node] = []
-    while node.get_type_name() != "Slice" and node.get_input_size() and len(path) < 8:
-        path.append(node)
+    for _ in range(8):  # the Slice sits a few nodes above the output (a Convert, the head)
+        if node.get_type_name() == "Slice" or not node.get_input_size():
+            break
         node = node.input_value(0).get_node()
     if node.get_type_name() != "Slice":
         return False

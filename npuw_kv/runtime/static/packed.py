@@ -89,9 +89,8 @@ class PackedSteps:
         ids = np.zeros((1, k), np.int64)
         positions = np.zeros((1, k), np.int64)
         masks = {w: np.zeros((1, k, 1, self._keys(w)), bool) for w in model.masks}
-        for lane in range(k):
-            for allowed in masks.values():
-                allowed[0, lane, 0, -1] = True  # every row reads its own token at least
+        for allowed in masks.values():
+            allowed[..., -1] = True  # every row reads its own token at least
         for lane, token in tokens.items():
             slots = self.lanes[lane].slots
             if self.lanes[lane].remaining_capacity <= 0:

@@ -30,7 +30,7 @@ from .npu_calls import NpuCalls
 from .npu_stats import npu_stats
 from .plan import PromptPlan, Slots, StepInputs, chunk_past_len, prefill_inputs
 from .prefix_store import HostPrefixCache
-from .prompt_reuse import choose_plan
+from .prompt_reuse import choose_plan, shared_prefix
 from .rings import window_mask
 
 
@@ -424,13 +424,9 @@ class StaticRunner(Runner):
         return list(self._cached)
 
     def cached_prefix(self, tokens: list[int]) -> int:
-        """How many leading ``tokens`` this runner's last sequence holds the KV of."""
-        count = 0
-        for mine, theirs in zip(self._cached, tokens, strict=False):
-            if mine != theirs:
-                break
-            count += 1
-        return count
+        """How many leading ``tokens`` of a prompt this runner's last sequence holds the KV of
+        (one left to run, as a continuation needs: :func:`.prompt_reuse.shared_prefix`)."""
+        return shared_prefix(self._cached, np.asarray(tokens, np.int64))
 
     def copy_from(self, other: StaticRunner) -> int:
         """Take ``other``'s sequence: its KV (the slots it holds, in every buffer) and where
