@@ -16,8 +16,9 @@ not a decision made here.
 
 from __future__ import annotations
 
+import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .settings import MAX_NUM_SEQS, _as_bool
@@ -263,6 +264,25 @@ def cpu_precision(core: ov.Core, config: Settings) -> str:
     return precision if precision.upper() in capabilities or precision == "f32" else "f32"
 
 
+def usable_cpus() -> int:
+    """How many CPUs this process may run on (its affinity: ``taskset``, a container's
+    cpuset, a Kubernetes pod's exclusive CPUs)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def one_cpu_bf16(core: ov.Core, config: Settings, devices: str) -> bool:
+    """Whether the CPU plugin would compute in bf16 by its own default on a process held to
+    one CPU.  OpenVINO's CPU plugin (2026.4) then dies with SIGFPE while compiling some LLM
+    graphs (fp16 exports; openvino-genai's own pipeline too: openvinotoolkit/openvino#33300),
+    so the pipeline computes in f32 there instead; an explicit hint is honoured."""
+    if "INFERENCE_PRECISION_HINT" in config.compile_properties or usable_cpus() != 1:
+        return False
+    if config.device != "CPU" and not npuw_uses_cpu(devices):
+        return False
+    return cpu_precision(core, config) == "bf16"
+
+
 def kv_precision(
     core: ov.Core, config: Settings, wide_activations: bool = False, compute: str | None = None
 ) -> str:
@@ -366,7 +386,18 @@ def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[
     model's activations leave the f16 range (:func:`~npuw_kv.model.families.wide_activations`)."""
     is_paged = paged(config)
     devices = npuw_devices(core, config)
-    compute = compute_precision(core, config)
+    computing = config  # with the f32 hint that keeps a one-CPU process alive, if needed
+    if one_cpu_bf16(core, config, devices):
+        warnings.warn(
+            "this process may run on one CPU only, where OpenVINO's CPU plugin can crash "
+            "(SIGFPE) compiling LLM graphs in bf16 (openvinotoolkit/openvino#33300): computing "
+            "in f32; set INFERENCE_PRECISION_HINT to choose, or allow more CPUs",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        hint = {**config.compile_properties, "INFERENCE_PRECISION_HINT": "f32"}
+        computing = replace(config, compile_properties=hint)  # type: ignore[type-var]
+    compute = compute_precision(core, computing)
     stored = (
         paged_kv_precision(config)
         if is_paged
@@ -374,12 +405,12 @@ def decide(core: ov.Core, config: C, wide_activations: bool = False) -> Decided[
     )
     f16_between = npuw_f16_tensors(config, wide_activations, stored)
     return Decided(
-        config,
+        computing,
         is_paged,
         static_models(config),
         devices,
         f16_between,
-        cpu_snippets_off(core, config, devices, f16_between),
+        cpu_snippets_off(core, computing, devices, f16_between),
         compute,
         stored,
         v_transposed(config, devices),

@@ -230,6 +230,12 @@ def settings_markdown() -> str:
         "CPU's bf16 compute and int8 dynamic quantization, for bit-for-bit comparisons against "
         "an f32 reference.",
         "",
+        "`INFERENCE_PRECISION_HINT` unset, the CPU plugin computes in bf16 on CPUs that have it "
+        "(AMX), except in a process allowed one CPU (`taskset -c 0`, a container's cpuset, a "
+        "Kubernetes pod with one exclusive CPU): there the plugin dies with SIGFPE compiling LLM "
+        "graphs in bf16 (openvino-genai's pipeline too: openvinotoolkit/openvino#33300), so "
+        "npuw-kv computes in f32 and warns. A hint given is honoured.",
+        "",
     ]
     return "\n".join(lines)
 
