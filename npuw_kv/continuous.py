@@ -192,6 +192,10 @@ class ContinuousBatchingPipeline:
         settings = {**(properties or {}), **kwargs}
         if scheduler_config is not None:
             settings["scheduler_config"] = scheduler_config
+        elif str(device).upper() == "CPU" and not any(
+            str(k).upper() == "ATTENTION_BACKEND" for k in settings
+        ):  # genai's continuous batching always pages its KV (as under a SchedulerConfig)
+            settings["attention_backend"] = "pa"
         self.engine = Engine(models_path, (device,), settings, tokenizer_properties)
         runner = self.engine.runner
         if self.engine.batch is None:

@@ -86,6 +86,16 @@ def test_draft_model_requests_answer_as_plain_decoding(smol_dir, greedy):
     assert tokens == greedy[:1]
 
 
+def test_without_a_scheduler_config_it_pages_as_genai_does(smol_dir, greedy):
+    """genai's continuous batching always pages its KV: a KV precision named with no
+    ``SchedulerConfig`` and no backend (which keeps LLMPipeline's ``auto`` on the static path)
+    does not turn the pipeline away; the answers are the paged pipeline's."""
+    properties = {**EXACT_F32, "KV_CACHE_PRECISION": "f32"}
+    pipe = ContinuousBatchingPipeline(smol_dir, device="CPU", properties=properties)
+    assert pipe.engine.decided.paged
+    assert run(pipe, PROMPTS, config())[0] == greedy
+
+
 def test_num_assistant_tokens_without_an_assistant_decodes_plainly(plain, greedy):
     """As genai (its test of extended_perf_metrics without a draft): a warning, no refusal."""
     with pytest.warns(RuntimeWarning, match="num_assistant_tokens=5 has no effect"):

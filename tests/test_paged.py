@@ -5,10 +5,12 @@ against openvino-genai with the other backends in test_smollm2_accuracy.py."""
 from __future__ import annotations
 
 import numpy as np
+import openvino as ov
 import pytest
 from conftest import CHUNK, MAX_PROMPT, MIN_RESPONSE
 
 from npuw_kv import LLMPipeline
+from npuw_kv.config.decide import cpu_precision
 from npuw_kv.config.pipeline_config import PipelineConfig
 from npuw_kv.config.settings import EXACT_F32
 from npuw_kv.errors import CapacityError, CompileError
@@ -269,3 +271,10 @@ def test_a_kv_precision_the_paged_kernel_cannot_store_is_refused_by_name(smol_di
     """Under f32 compute the paged kernel stores u8, f16 or f32 KV, not bf16."""
     with pytest.raises(CompileError, match=r"KV_CACHE_PRECISION.*attention_backend='sdpa'"):
         LLMPipeline(smol_dir, "CPU", attention_backend="pa", kv_precision="bf16", **EXACT_F32)
+    # under bf16 compute f16 is refused too, and f32 compute named as what stores it
+    settings = dict(attention_backend="pa", kv_precision="f16", INFERENCE_PRECISION_HINT="bf16")
+    if cpu_precision(ov.Core(), PipelineConfig.from_kwargs("CPU", **settings)) == "bf16":
+        with pytest.raises(CompileError, match=r"set INFERENCE_PRECISION_HINT=f32 to store it"):
+            LLMPipeline(smol_dir, "CPU", **settings)
+    else:  # a CPU without bf16 computes in f32, where the kernel stores f16
+        assert LLMPipeline(smol_dir, "CPU", **settings).engine.decided.kv_precision == "f16"

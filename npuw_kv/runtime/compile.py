@@ -413,11 +413,12 @@ def compile_paged(
         compute = decided.compute_precision
         allowed = {"u8", compute} | ({"f16"} if compute == "f32" else set())
         if precision not in allowed:
+            f32 = "INFERENCE_PRECISION_HINT=f32 to store it, or " * (precision in ("f16", "f32"))
             raise CompileError(
                 f"kv_precision (KV_CACHE_PRECISION) {precision!r} cannot go with {compute} "
                 f"compute (INFERENCE_PRECISION_HINT) on attention_backend (ATTENTION_BACKEND) "
-                f"'pa', which stores KV as one of {sorted(allowed)}; use attention_backend="
-                "'sdpa' for any KV precision"
+                f"'pa', which stores KV as one of {sorted(allowed)}; set {f32}"
+                "attention_backend='sdpa' for any KV precision"
             )
     # auto (None) passes nothing: the plugin then takes the IR's runtime option (optimum-intel
     # writes KV_CACHE_PRECISION=f16 into its exports) or its own default (u8 on CPU), as it does
