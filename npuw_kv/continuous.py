@@ -116,7 +116,9 @@ class GenerationHandle:
                 seqs.append(_Sequence(seq.engine_handle, _output(result), result, seq.read_upto))
         self.sequences = seqs
         if all(s.result is not None for s in self.sequences):
-            self.status = Status.FINISHED
+            # as genai: a request the KV pools could not hold ends IGNORED, with its outputs
+            cut = any(s.result is not None and s.result.out_of_room for s in self.sequences)
+            self.status = Status.IGNORED if cut else Status.FINISHED
         return None
 
     def get_status(self) -> Any:

@@ -128,6 +128,7 @@ def test_a_few_kv_blocks_preempt_at_run_time_instead_of_refusing(smol_dir, plain
     prompt = pipe.get_tokenizer().encode("The Sun is").input_ids.get_size()
     assert len(out.generated_ids) == 3 * 32 - prompt + 1  # the last one's KV is never written
     assert out.finish_reason == openvino_genai.GenerationFinishReason.LENGTH
+    assert handle.get_status() == openvino_genai.GenerationStatus.FINISHED  # its own length
     # group beam search of two requests in pools too small for their beams together: each
     # ends with its best hypotheses so far (a beam preempted while its siblings were run
     # used to be fed before its logits came, and failed)
@@ -136,6 +137,8 @@ def test_a_few_kv_blocks_preempt_at_run_time_instead_of_refusing(smol_dir, plain
     results = pipe.generate(prompts, [beams, beams])
     assert [len(r.m_generation_ids) for r in results] == [6, 6]
     assert all(text for r in results for text in r.m_generation_ids)
+    # ended for want of KV room, as genai reports them
+    assert [r.m_status for r in results] == [openvino_genai.GenerationStatus.IGNORED] * 2
 
 
 def test_chat_turns_are_llm_pipeline_chat_turns(plain):

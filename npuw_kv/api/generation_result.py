@@ -27,6 +27,9 @@ class GenerationResult:
     score: float = 0.0
     # the stop token that ended the sequence (not in ``tokens``; genai counts it as generated)
     stop_token: int | None = None
+    # ended because the KV pools ran out with no sequence able to go on (genai's request status
+    # IGNORED; the finish reason says "length")
+    out_of_room: bool = False
     # with ``echo`` and ``logprobs`` > 0 (npuw_kv.generation.prompt_scores): the prompt's ids,
     # each one's log-probability under the model (None for the first: nothing predicts it) and
     # its ``logprobs`` likeliest alternatives

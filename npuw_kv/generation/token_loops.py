@@ -236,6 +236,10 @@ class TokenLoops:
             except BaseException as exc:  # noqa: BLE001 - its streamer, this sequence only
                 done[handle] = exc
             self.drop(handle)
+        for outcome in done.values():
+            for result in outcome if isinstance(outcome, list) else [outcome]:
+                if isinstance(result, GenerationResult):
+                    result.out_of_room = True
         return done
 
     def _track(self, job: BeamJob) -> None:
