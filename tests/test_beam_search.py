@@ -16,6 +16,7 @@ from conftest import TINY_NPU, make_pipe
 from npuw_kv.api.generation_config import GenerationConfig
 from npuw_kv.kv.blocks.sequence import blocks_for
 from npuw_kv.pipeline import LLMPipeline
+from npuw_kv.runtime.static.runner import StaticRunner
 
 BEAMS = {"num_beams": 4, "num_return_sequences": 4, "max_new_tokens": 16}
 SCORE_TOL = 1e-5  # float32 sums of log-probs; measured differences are <= 1.2e-7
@@ -162,15 +163,21 @@ def static_pipe(smol_dir):
     ],
 )
 def test_static_path_beams_give_genai_sequences_and_scores(
-    static_pipe, genai_f32_pipe, genai_reference, text_ids, length, settings
+    static_pipe, genai_f32_pipe, genai_reference, text_ids, length, settings, monkeypatch
 ):
     """genai's stateful (SDPA) pipeline runs beams, so the static path does: the same
-    sequences and scores as genai's, one beam at a time in the runner's one sequence."""
+    sequences and scores as genai's, one beam at a time in the runner's one sequence.  A beam
+    parting from the cached one in its last token steps on from there (a step costs less
+    than the prompt chunk reading it would)."""
     ids = text_ids(length).tolist()
     config = GenerationConfig.build(static_pipe.get_generation_config(), **settings)
     tensor = ov.Tensor(np.array([ids], np.int64))
     theirs = genai_f32_pipe.generate(tensor, config.to_genai())
+    kept: list[int] = []
+    truncate = StaticRunner.truncate
+    monkeypatch.setattr(StaticRunner, "truncate", lambda r, n: (kept.append(n), truncate(r, n)))
     ours = static_pipe.generate(tensor, config)
+    assert kept and all(length <= n for n in kept)  # stepped on, never into the prompt
     eos = static_pipe.tokenizer.get_eos_token_id()
     tokens = [[int(t) for t in seq] for seq in theirs.tokens]
     assert ours.tokens == [seq[:-1] if seq and seq[-1] == eos else seq for seq in tokens]

@@ -22,6 +22,7 @@ SMOKED = {
     "bench_host_tier.py",
     "bench_lora.py",
     "bench_prefix_reuse.py",
+    "bench_static_beams.py",
     "bench_serve.py",
     "demo_documents.py",
     "demo_serve_chat.py",
@@ -130,6 +131,17 @@ def test_bench_prefix_reuse() -> None:
     reused = dict(re.findall(r"^(chat turn|A after B): (\d+) tokens reused; TTFT", out, re.M))
     assert set(reused) == {"chat turn", "A after B"}, out
     assert all(int(n) > 0 for n in reused.values()), out  # the paged cache keeps document A
+
+
+def test_bench_static_beams() -> None:
+    out = script(
+        "bench_static_beams.py", "--beams", "2", "--new-tokens", "6", "--prompt-len", "40",
+        "--rounds", "1", "--exact",
+    )  # fmt: skip
+    stepped = re.search(r"^steps    round 0: .* s, (\d+) truncates$", out, re.M)
+    assert stepped and int(stepped.group(1)) > 0, out  # beams parting in their last token
+    assert re.search(r"^prompts  round 0: .* s, 0 truncates$", out, re.M), out
+    assert "same answers: True" in out, out  # exact f32: either way, the same beams
 
 
 def test_bench_host_tier() -> None:

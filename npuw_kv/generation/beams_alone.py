@@ -6,6 +6,9 @@ beams take turns in it: the beam whose tokens continue the cached sequence by on
 generate step; any other is read as a prompt, which the runner's prefix reuse runs from where
 its tokens part from the cached ones (from the last block boundary before), so a switch costs
 the beams' differing tail, not the whole sequence (with ``prefix_reuse`` off, the whole of it).
+A beam that parts from the cached one only a few tokens back is stepped on from there instead
+(the runner's ``truncate``), when those steps cost less than reading the tail as a prompt did
+(both timed as the search runs: a chunk costs a few to tens of steps, by model and device).
 The beams are visited in token order, so beams with a long common tail follow each other.  The
 search itself is :class:`~.beam_search.GroupBeamSearch`, genai's semantics, so the answers are
 the paged path's up to the rounding of the models that computed the KV.
@@ -47,7 +50,10 @@ class BeamsAlone:
         # a beam is read again as a prompt when it takes its turn: it fits in one
         self.limit = min(runner.max_prompt_len, position_limit or runner.max_prompt_len)
         self.cached: list[int] = []  # the tokens whose KV the runner holds now
-        self.switches = 0  # beams read as prompts (not one step on from the cached sequence)
+        self.switches = 0  # beams not one step on from the cached sequence
+        self.stepped_switches = 0  # of them, stepped on from where they part (truncate)
+        self.step_s = 0.0  # the last generate step's wall time
+        self.chunk_s = 0.0  # a prefill chunk's, from the last prompt read
 
     def run(self) -> list[GenerationResult]:
         start = time.perf_counter()
@@ -76,13 +82,48 @@ class BeamsAlone:
     def _feed(self, tokens: list[int]) -> np.ndarray:
         """The logits after ``tokens``, with the runner's cache holding them afterwards."""
         if self.cached and tokens[:-1] == self.cached:
-            logits = self.runner.step(tokens[-1])
+            logits = self._step(tokens[-1])
+        elif self._steps_cheaper(part := _common(self.cached, tokens), len(tokens)):
+            self.switches += 1
+            self.stepped_switches += 1
+            self.runner.truncate(part)
+            for token in tokens[part:]:
+                logits = self._step(token)
         else:
-            if self.cached:
-                self.switches += 1
+            self.switches += bool(self.cached)
+            start = time.perf_counter()
             logits = self.runner.prefill(np.asarray(tokens, np.int64))
+            self.chunk_s = (time.perf_counter() - start) / self._chunks(part, len(tokens))
         self.cached = list(tokens)
         return logits
+
+    def _step(self, token: int) -> np.ndarray:
+        start = time.perf_counter()
+        logits = self.runner.step(token)
+        self.step_s = time.perf_counter() - start
+        return logits
+
+    def _chunks(self, part: int, length: int) -> int:
+        """About how many prefill chunks reading ``length`` tokens as a prompt runs when the
+        cache holds their first ``part`` (reused from the chunk boundary before)."""
+        chunk = self.runner.chunk
+        return max(1, -(-length // chunk) - part // chunk)
+
+    def _steps_cheaper(self, part: int, length: int) -> bool:
+        """Whether stepping on from the cached sequence's first ``part`` tokens to ``length``
+        costs less than reading them as a prompt, by the last step's and chunk's times."""
+        if not (self.step_s and self.chunk_s) or not self.runner.can_truncate(part):
+            return False
+        tail = length - part
+        cheaper = tail * self.step_s < self.chunk_s * self._chunks(part, length)
+        return cheaper and tail <= self.runner.remaining_capacity
+
+
+def _common(cached: list[int], tokens: list[int]) -> int:
+    """How many leading ``tokens`` the cached sequence holds, one at least left to run."""
+    limit = min(len(cached), len(tokens) - 1)
+    differ = np.flatnonzero(np.asarray(cached[:limit]) != np.asarray(tokens[:limit]))
+    return int(differ[0]) if differ.size else limit
 
 
 def beams_alone(

@@ -74,8 +74,8 @@ class Runner(ABC):
         own log-probabilities); the last logits."""
         return self.prefill(ids, on_rows)
 
-    # speculative decoding (npuw_kv/generation/speculative.py); only the PagedAttention runner
-    # has it
+    # speculative decoding (npuw_kv/generation/speculative.py): only the PagedAttention runner
+    # verifies; the static runner also truncates (its beams, generation/beams_alone.py)
     def verify(self, tokens: Sequence[int]) -> np.ndarray:
         """Feed ``tokens`` in one call; the logits after each of them, ``[n, vocab]``."""
         raise ValueError(SPECULATIVE_PATH)
@@ -83,6 +83,11 @@ class Runner(ABC):
     def truncate(self, length: int) -> None:
         """Drop the KV of the sequence's tokens from ``length`` on."""
         raise ValueError(SPECULATIVE_PATH)
+
+    def can_truncate(self, length: int) -> bool:
+        """Whether :meth:`truncate` to ``length`` would keep the cache right (asked by the
+        static path's beams; speculative decoding truncates the paged runner directly)."""
+        return False
 
     def release(self) -> None:  # noqa: B027 (a no-op unless overridden)
         """The lone call's sequence is no longer live (the paged path gives its blocks back,

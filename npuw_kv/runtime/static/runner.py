@@ -409,6 +409,26 @@ class StaticRunner(Runner):
         self.slots.advance()
         return logits[-1].copy()
 
+    def can_truncate(self, length: int) -> bool:
+        """A cached prefix of ``length`` tokens (at least one) can be stepped on from, except
+        where sliding-window layers keep rings: their slots for earlier tokens are reused."""
+        return not self.layout.rings and 0 < length <= len(self._cached)
+
+    def truncate(self, length: int) -> None:
+        """Keep the KV of the first ``length`` cached tokens: the next step writes the slot
+        after them (a beam that parts from the cached sequence a few tokens back steps on from
+        there instead of reading its tail as a prompt)."""
+        if not self.can_truncate(length):
+            raise ValueError(
+                f"cannot keep {length} of {len(self._cached)} cached tokens"
+                + " (sliding-window rings)" * bool(self.layout.rings)
+            )
+        self._cached = self._cached[:length]
+        self.slots.next = self.slots.first + length
+        self.slots.position = length
+        for bound in self.prefill_variants + self.generate_variants:
+            bound.binding.reset()  # staged pasts mirror the slots again
+
     # -- one slot of several (packed generate models: .packed) --------------------------------
     def wrote(self, token: int) -> None:
         """A packed step fed ``token`` and wrote its KV into this runner's next slot: account
