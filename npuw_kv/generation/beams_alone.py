@@ -51,7 +51,6 @@ class BeamsAlone:
         self.limit = min(runner.max_prompt_len, position_limit or runner.max_prompt_len)
         self.cached: list[int] = []  # the tokens whose KV the runner holds now
         self.switches = 0  # beams not one step on from the cached sequence
-        self.stepped_switches = 0  # of them, stepped on from where they part (truncate)
         self.step_s = 0.0  # the last generate step's wall time
         self.chunk_s = 0.0  # a prefill chunk's, from the last prompt read
 
@@ -85,7 +84,6 @@ class BeamsAlone:
             logits = self._step(tokens[-1])
         elif self._steps_cheaper(part := _common(self.cached, tokens), len(tokens)):
             self.switches += 1
-            self.stepped_switches += 1
             self.runner.truncate(part)
             for token in tokens[part:]:
                 logits = self._step(token)
