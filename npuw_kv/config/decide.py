@@ -325,7 +325,7 @@ def kv_precision(
 class Decided(Generic[C]):
     """A pipeline's settings with every ``auto`` decided: what the builders read."""
 
-    config: C  # as given (validated), ``auto`` included
+    config: C  # as given (validated), ``auto`` included; with an f32 hint where one_cpu_bf16
     paged: bool  # PagedAttention (CPU) or the static-shape path
     static_models: bool  # static models per phase, or one dynamic model (static path)
     npuw_devices: str  # the NPUW_DEVICES the models get ("" off NPU)

@@ -27,6 +27,7 @@ import numpy as np
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..runtime.runner import Runner
+from ..runtime.static.prompt_reuse import shared_prefix
 from .beam_search import GroupBeamSearch, check_beam_request, hypothesis_results
 from .stopping import StopStrings
 
@@ -50,7 +51,6 @@ class BeamsAlone:
         # a beam is read again as a prompt when it takes its turn: it fits in one
         self.limit = min(runner.max_prompt_len, position_limit or runner.max_prompt_len)
         self.cached: list[int] = []  # the tokens whose KV the runner holds now
-        self.switches = 0  # beams not one step on from the cached sequence
         self.step_s = 0.0  # the last generate step's wall time
         self.chunk_s = 0.0  # a prefill chunk's, from the last prompt read
 
@@ -80,18 +80,17 @@ class BeamsAlone:
 
     def _feed(self, tokens: list[int]) -> np.ndarray:
         """The logits after ``tokens``, with the runner's cache holding them afterwards."""
+        ids = np.asarray(tokens, np.int64)
         if self.cached and tokens[:-1] == self.cached:
             logits = self._step(tokens[-1])
-        elif self._steps_cheaper(part := _common(self.cached, tokens), len(tokens)):
-            self.switches += 1
+        elif self._steps_cheaper(part := shared_prefix(self.cached, ids), ids.size):
             self.runner.truncate(part)
             for token in tokens[part:]:
                 logits = self._step(token)
         else:
-            self.switches += bool(self.cached)
             start = time.perf_counter()
-            logits = self.runner.prefill(np.asarray(tokens, np.int64))
-            self.chunk_s = (time.perf_counter() - start) / self._chunks(part, len(tokens))
+            logits = self.runner.prefill(ids)
+            self.chunk_s = (time.perf_counter() - start) / self._chunks(part, ids.size)
         self.cached = list(tokens)
         return logits
 
@@ -115,13 +114,6 @@ class BeamsAlone:
         tail = length - part
         cheaper = tail * self.step_s < self.chunk_s * self._chunks(part, length)
         return cheaper and tail <= self.runner.remaining_capacity
-
-
-def _common(cached: list[int], tokens: list[int]) -> int:
-    """How many leading ``tokens`` the cached sequence holds, one at least left to run."""
-    limit = min(len(cached), len(tokens) - 1)
-    differ = np.flatnonzero(np.asarray(cached[:limit]) != np.asarray(tokens[:limit]))
-    return int(differ[0]) if differ.size else limit
 
 
 def beams_alone(
