@@ -14,6 +14,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
+# Ray clusters in the tests live on 127.0.0.1: Ray reads this when it is first imported
+# (npuw_kv/cluster/local.py)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 import numpy as np
 import openvino as ov
 import openvino_genai

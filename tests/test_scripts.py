@@ -22,6 +22,7 @@ SMOKED = {
     "bench_host_tier.py",
     "bench_lora.py",
     "bench_prefix_reuse.py",
+    "bench_ray.py",
     "bench_static_beams.py",
     "bench_serve.py",
     "demo_documents.py",
@@ -45,8 +46,8 @@ def run(*args: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def script(name: str, *args: str) -> str:
-    return run(str(SCRIPTS / name), *args)
+def script(name: str, *args: str, timeout: float = 120) -> str:
+    return run(str(SCRIPTS / name), *args, timeout=timeout)
 
 
 def test_every_script_is_smoked() -> None:
@@ -61,6 +62,16 @@ def test_bench_blocks() -> None:
 def test_bench_lora() -> None:
     out = script("bench_lora.py", "--new-tokens", "4", "--repeats", "1", "--rank", "2")
     for line in ("base ", "alpha 1 ", "alpha 0 ", "switch "):
+        assert line in out, out
+
+
+def test_bench_ray() -> None:
+    out = script(
+        "bench_ray.py", "--nodes", "1", "--replicas", "1", "--chats", "2", "--turns", "2",
+        "--max-tokens", "8", "--think", "0", "--routers", "prefix", "--runs", "1",
+        "--new-tokens", "8", timeout=600,
+    )  # fmt: skip
+    for line in ("npuw-kv serve: TTFT", "--ray, 1 replica: TTFT", "prefix: prefix-cache hits"):
         assert line in out, out
 
 

@@ -10,9 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..cluster.affinity import ROUTERS as RAY_ROUTERS  # no Ray: the flags list without it
 from ..errors import UsageError
 from ..serve.tools import PARSER_SETTING  # no server packages: the flag is listed without them
 from . import terminal as cli_io
+
+# flags the server honours on uvicorn that Ray Serve's HTTP proxy decides under --ray (refused
+# there, not dropped): their defaults, and why
+_PROXY_FLAGS = {
+    "header_timeout": (10.0, "Ray Serve's HTTP proxy holds the connections"),
+    "keep_alive_timeout": (5, "Ray Serve's HTTP proxy holds the connections "
+                           "(RAY_SERVE_HTTP_KEEP_ALIVE_TIMEOUT_S)"),
+    "body_timeout": (30.0, "Ray Serve's HTTP proxy reads the request bodies"),
+}  # fmt: skip
 
 
 def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) -> None:
@@ -74,19 +84,19 @@ def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) 
     srv.add_argument(
         "--body-timeout",
         type=positive_float("--body-timeout"),
-        default=30.0,
+        default=_PROXY_FLAGS["body_timeout"][0],
         help="seconds a request body may take to arrive whole; slower gets 408 (default 30)",
     )
     srv.add_argument(
         "--header-timeout",
         type=positive_float("--header-timeout"),
-        default=10.0,
+        default=_PROXY_FLAGS["header_timeout"][0],
         help="seconds a connection may take to send a request's headers (default 10)",
     )
     srv.add_argument(
         "--keep-alive-timeout",
         type=at_least(1),
-        default=5,
+        default=_PROXY_FLAGS["keep_alive_timeout"][0],
         help="seconds an idle connection stays open between requests (default 5)",
     )
     srv.add_argument(
@@ -100,6 +110,35 @@ def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) 
         choices=PARSER_SETTING,
         default="auto",
         help="the form the model writes tool calls in (default: read from the chat template)",
+    )
+    ray = srv.add_argument_group("on a Ray cluster (needs the ray extra; docs/scale-out.md)")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="serve on Ray Serve: the cluster at ADDRESS (host:port of its head), else the one "
+        "this machine runs, else a new one for this command",
+    )
+    ray.add_argument(
+        "--replicas",
+        default="1",
+        metavar="N|MIN-MAX",
+        help="model replicas, each loading the model (default 1; MIN-MAX: autoscaled)",
+    )
+    ray.add_argument(
+        "--router",
+        choices=RAY_ROUTERS,
+        default="prefix",
+        help="prefix: a request to the replica holding its prompt's prefix unless it is much "
+        "busier (default); power-of-two: Ray Serve's own; round-robin: in turn",
+    )
+    ray.add_argument(
+        "--cpus-per-replica",
+        type=positive_float("--cpus-per-replica"),
+        default=1.0,
+        help="Ray CPUs each replica reserves (default 1: one replica per CPU Ray counts)",
     )
 
 
@@ -125,6 +164,11 @@ def read_template(path: str | None) -> str | None:
 
 def run_server(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
     """``npuw-kv serve``: the model ``load`` gives, served with the command line's settings."""
+    if args.ray is not None:
+        return run_on_ray(args)
+    for name, default in _RAY_ONLY.items():
+        if getattr(args, name) != default:
+            raise UsageError(f"--{name.replace('_', '-')} is for --ray (serving on a Ray cluster)")
     try:
         from ..serve.guard import GuardSettings
         from ..serve.server import serve
@@ -141,13 +185,7 @@ def run_server(args: argparse.Namespace, load: Callable[[argparse.Namespace], An
         pipe.get_tokenizer().set_chat_template(template)
     live = int(pipe.kv_stats()["max_live_sequences"])
     model_id = args.served_model_name or model_id_of(args.model_source)
-    guard = GuardSettings(
-        host=args.host,
-        allowed_hosts=tuple(listed(args.allowed_hosts)),
-        allowed_origins=tuple(listed(args.allowed_origins)),
-        max_body_mb=args.max_body_mb,
-        body_timeout_s=args.body_timeout,
-    )
+    guard = guard_of(args, GuardSettings)
     return serve(
         pipe,
         model_id,
@@ -162,6 +200,71 @@ def run_server(args: argparse.Namespace, load: Callable[[argparse.Namespace], An
         header_timeout_s=args.header_timeout,
         keep_alive_s=args.keep_alive_timeout,
         tool_parser=args.tool_call_parser,
+    )
+
+
+def guard_of(args: argparse.Namespace, settings: Any) -> Any:
+    """The server's :class:`~npuw_kv.serve.guard.GuardSettings` (``settings``: the class,
+    imported by the caller with the server's packages)."""
+    return settings(
+        host=args.host,
+        allowed_hosts=tuple(listed(args.allowed_hosts)),
+        allowed_origins=tuple(listed(args.allowed_origins)),
+        max_body_mb=args.max_body_mb,
+        body_timeout_s=args.body_timeout,
+    )
+
+
+_RAY_ONLY = {"replicas": "1", "router": "prefix", "cpus_per_replica": 1.0}
+
+
+def run_on_ray(args: argparse.Namespace) -> int:
+    """``npuw-kv serve --ray``: replicas on a Ray cluster, each loading the model itself (a
+    model file's path must be the same on every machine)."""
+    from .args import pipeline_kwargs
+
+    try:
+        from ..cluster.deployments import ReplicaSpec, parse_replicas
+        from ..cluster.launch import serve_on_ray
+        from ..serve.guard import GuardSettings
+    except ModuleNotFoundError as exc:
+        cli_io.error(
+            f"npuw-kv serve --ray needs the 'ray' extra ({exc.name} is missing): "
+            "pip install 'npuw-kv[ray]'"
+        )
+        return 2
+    for name, (default, why) in _PROXY_FLAGS.items():
+        if getattr(args, name) != default:
+            raise UsageError(f"--{name.replace('_', '-')} is not used with --ray: {why}")
+    try:
+        replicas = parse_replicas(args.replicas)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    model = args.model_source  # each replica resolves it (a fixed IR is made on its machine)
+    if model and Path(model).exists():
+        model = str(Path(model).resolve())  # the replicas do not share this directory
+    spec = ReplicaSpec(
+        model=model,
+        zero_points=args.gguf_zero_points,
+        device=args.device,
+        pipeline=pipeline_kwargs(args),
+        model_id=args.served_model_name or model_id_of(args.model_source),
+        queue=args.queue,
+        api_key=api_key_of(args.api_key),
+        guard=guard_of(args, GuardSettings),
+        tool_parser=args.tool_call_parser,
+        chat_template=read_template(args.chat_template),
+    )
+    return serve_on_ray(
+        spec,
+        address=args.ray,
+        host=args.host,
+        port=args.port,
+        replicas=replicas,
+        router=args.router,
+        cpus_per_replica=args.cpus_per_replica,
+        grace_s=args.grace,
+        access_log=args.access_log,
     )
 
 

@@ -52,6 +52,11 @@ class ServeProcess:
         with urllib.request.urlopen(self.root + "/health", timeout=10) as reply:
             return dict(json.load(reply))
 
+    def models(self) -> list[str]:
+        """The model names the server answers to (``/v1/models``)."""
+        with urllib.request.urlopen(self.url + "/models", timeout=10) as reply:
+            return [model["id"] for model in json.load(reply)["data"]]
+
     def wait_idle(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """/health once no request runs or waits (or after ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
