@@ -362,3 +362,25 @@ def test_a_model_that_does_not_load_is_named_and_nothing_is_left(cluster):
         assert server.health()["status"] == "ok"
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+@pytest.mark.slow(120)
+def test_accuracy_on_ray_gives_the_local_report(cluster, tmp_path):
+    import subprocess
+    import sys
+
+    args = ["accuracy", "--prompt-lens", "64,160", "--new-tokens", "8", "--devices", "CPU",
+            "--modes", "exact", "--no-peer"]  # fmt: skip
+    rows = {}
+    for where in ("local", "ray"):
+        extra = ["--ray", cluster.address] if where == "ray" else []
+        out = tmp_path / where
+        proc = subprocess.run(
+            [sys.executable, "-m", "npuw_kv.cli", *args, *extra, "--out", str(out)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows[where] = json.loads((out / "results.json").read_text())
+        assert (out / "report.md").exists() and (out / "accuracy.png").exists()
+    assert [r["name"] for r in rows["ray"]] == ["CPU/exact/C256/64", "CPU/exact/C256/160"]
+    assert rows["ray"] == rows["local"]

@@ -176,18 +176,23 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
     from ..tools.accuracy.reference import torch_weights
 
+    devices = [d.upper() for d in args.devices]
+    torch_source = None if args.no_peer else torch_weights(args.model_source)
     with bar:  # closed (its line ended) on Ctrl-C too
-        results = run_matrix(
-            resolve_model(args.model),
-            args.prompt_lens,
-            args.new_tokens,
-            [d.upper() for d in args.devices],
-            args.modes,
-            args.chunks,
-            progress,
-            peer=not args.no_peer,
-            torch_source=None if args.no_peer else torch_weights(args.model_source),
-        )
+        if args.ray is not None:
+            from ..tools.accuracy.on_ray import run_matrix_on_ray
+
+            results = run_matrix_on_ray(
+                args.ray, args.model_source, args.gguf_zero_points, args.prompt_lens,
+                args.new_tokens, devices, args.modes, args.chunks, progress,
+                peer=not args.no_peer, torch_source=torch_source,
+            )  # fmt: skip
+        else:
+            results = run_matrix(
+                resolve_model(args.model), args.prompt_lens, args.new_tokens, devices,
+                args.modes, args.chunks, progress, peer=not args.no_peer,
+                torch_source=torch_source,
+            )  # fmt: skip
     print(report.table(results))
     command = "npuw-kv " + " ".join(sys.argv[1:]) if sys.argv[1:] else "npuw-kv accuracy"
     for path in report.write(results, Path(args.out), command):
@@ -293,6 +298,15 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--out", default="accuracy-report", help="directory for JSON/Markdown/PNG")
     zero_points_arg(acc)
     acc.add_argument("--no-peer", action="store_true", help="skip the peer runtimes")
+    acc.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run the configurations as Ray tasks on the cluster at ADDRESS (else this "
+        "machine's, else a new one): the same report (needs the ray extra; docs/scale-out.md)",
+    )
     acc.set_defaults(func=cmd_accuracy)
     add_doctor_parser(sub).set_defaults(func=cmd_doctor)
     return parser

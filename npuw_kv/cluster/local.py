@@ -117,7 +117,8 @@ def chats(
 
 def replica_totals(root: str) -> dict[str, dict[str, float]]:
     """Each replica's prompt tokens and prefix-cache hits and queries, from the ``/metrics``
-    of the endpoint at ``root``: {replica: {"prompt": .., "hits": .., "queries": ..}}."""
+    of the endpoint at ``root``: {replica: {"prompt": .., "hits": .., "queries": ..}} (a lone
+    replica, served without an endpoint, is named "")."""
     with urllib.request.urlopen(f"{root}/metrics", timeout=30) as reply:
         text = reply.read().decode()
     names = {"vllm:prompt_tokens_total": "prompt", "vllm:prefix_cache_hits_total": "hits",
@@ -127,7 +128,8 @@ def replica_totals(root: str) -> dict[str, dict[str, float]]:
         name, _, rest = line.partition("{")
         if name not in names:
             continue
-        replica = rest.split('replica="', 1)[1].split('"', 1)[0]
+        labels = rest.split('replica="', 1)  # a lone replica's own series have no label
+        replica = labels[1].split('"', 1)[0] if len(labels) == 2 else ""
         figures = totals.setdefault(replica, {"prompt": 0.0, "hits": 0.0, "queries": 0.0})
         figures[names[name]] += float(line.rsplit(" ", 1)[1])
     return totals

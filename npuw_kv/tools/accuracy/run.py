@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,87 @@ def evaluate(
     }
 
 
+@dataclass
+class PromptReference:
+    """One prompt length's exact f32 reference: the prompt, the reference's greedy tokens and
+    its logits (teacher-forced), its perplexity; or why it could not be made."""
+
+    prompt_len: int
+    ids: np.ndarray | None = None
+    tokens: list[int] = field(default_factory=list)
+    logits: np.ndarray | None = None
+    ppl: float = float("nan")
+    error: str | None = None
+
+
+def check_modes(modes: Sequence[str]) -> None:
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:  # before any reference runs: a typo should not cost the matrix
+        raise ValueError(f"unknown accuracy mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+
+
+def make_reference(
+    genai_ref: GenaiReference, stateful: StatefulReference, prompt_len: int, new_tokens: int
+) -> PromptReference:
+    ref = PromptReference(prompt_len)
+    try:
+        ref.ids = prompt_ids(genai_ref.pipe.get_tokenizer(), prompt_len)
+        ref.tokens = genai_ref.generate(ref.ids, new_tokens)
+        ref.ppl, ref.logits = stateful.run(ref.ids, ref.tokens)
+    except Exception as exc:  # e.g. a prompt longer than the stdlib text
+        ref.error = f"reference failed: {exc}"
+    return ref
+
+
+def run_peers(
+    model_dir: Path,
+    ref: PromptReference,
+    modes: Sequence[str],
+    new_tokens: int,
+    torch: TorchReference | Exception,
+) -> list[Result]:
+    """The peers' rows for one prompt length (the ir-default one, if any, is the yardstick of
+    ``device-default``: :func:`baseline_of`)."""
+    assert ref.ids is not None and ref.logits is not None
+    results = []
+    for label, device, props in peer_configs(modes, ref.prompt_len, new_tokens):
+        result = Result(ref.prompt_len, device, f"{label} (peer)", 256, new_tokens)
+        run_peer(result, props, model_dir, ref.ids, ref.tokens, ref.logits)
+        results.append(result)
+    results.append(torch_peer(torch, ref.ids, ref.tokens, ref.logits))
+    return results
+
+
+def baseline_of(peers: Sequence[Result]) -> Result | None:
+    return next((r for r in peers if r.mode == "ir-default (peer)"), None)
+
+
+def run_case(
+    model_dir: Path,
+    ref: PromptReference,
+    key: tuple[str, str, int],
+    new_tokens: int,
+    baseline: Result | None,
+) -> Result:
+    """One (device, mode, chunk) configuration at ``ref``'s prompt length."""
+    device, mode, chunk = key
+    result = Result(ref.prompt_len, device, mode, chunk, new_tokens, ppl_ref=ref.ppl)
+    if ref.error is not None:
+        result.ppl_ref = float("nan")
+        result.error = ref.error
+        return result
+    assert ref.ids is not None and ref.logits is not None
+    _run_one(result, model_dir, ref.ids, ref.tokens, ref.logits, baseline)
+    return result
+
+
+def case_keys(
+    devices: Sequence[str], modes: Sequence[str], chunks: Iterable[int]
+) -> list[tuple[str, str, int]]:
+    """The (device, mode, chunk) configurations of one prompt length, in the report's order."""
+    return [(d, m, c) for d in devices for m in modes for c in chunks]
+
+
 def run_matrix(
     model_dir: Path,
     prompt_lens: Iterable[int],
@@ -79,44 +161,25 @@ def run_matrix(
 
     ``torch_source``: weights for the PyTorch peer (a GGUF or a transformers directory).
     """
-    unknown = [mode for mode in modes if mode not in MODES]
-    if unknown:  # before any reference runs: a typo should not cost the matrix
-        raise ValueError(f"unknown accuracy mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    check_modes(modes)
     results: list[Result] = []
     torch: TorchReference | Exception | None = None  # loaded on first use, once
     genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
     stateful = StatefulReference(model_dir)
+    keys = case_keys(devices, modes, list(chunks))
     for prompt_len in prompt_lens:
-        try:
-            ids = prompt_ids(genai_ref.pipe.get_tokenizer(), prompt_len)
-            ref_tokens = genai_ref.generate(ids, new_tokens)
-            ppl_ref, ref_logits = stateful.run(ids, ref_tokens)
-        except Exception as exc:  # e.g. a prompt longer than the stdlib text
-            for device in devices:
-                for mode in modes:
-                    for chunk in chunks:
-                        r = Result(prompt_len, device, mode, chunk, new_tokens)
-                        r.error = f"reference failed: {exc}"
-                        results.append(r)
-            continue
-        baseline: Result | None = None  # the ir-default peer, device-default's yardstick
-        if peer:
-            for label, device, props in peer_configs(modes, prompt_len, new_tokens):
-                result = Result(prompt_len, device, f"{label} (peer)", 256, new_tokens)
-                run_peer(result, props, model_dir, ids, ref_tokens, ref_logits)
-                results.append(result)
-                if label == "ir-default":
-                    baseline = result
+        ref = make_reference(genai_ref, stateful, prompt_len, new_tokens)
+        peers: list[Result] = []
+        if peer and ref.error is None:
             if torch is None:
                 torch = load_torch(torch_source)
-            results.append(torch_peer(torch, ids, ref_tokens, ref_logits))
-        for device in devices:
-            for mode in modes:
-                for chunk in chunks:
-                    result = Result(prompt_len, device, mode, chunk, new_tokens, ppl_ref=ppl_ref)
-                    _run_one(result, model_dir, ids, ref_tokens, ref_logits, baseline)
-                    results.append(result)
-                    progress(result.name)
+            peers = run_peers(model_dir, ref, modes, new_tokens, torch)
+            results += peers
+        for key in keys:
+            result = run_case(model_dir, ref, key, new_tokens, baseline_of(peers))
+            results.append(result)
+            if ref.error is None:
+                progress(result.name)
     return results
 
 
