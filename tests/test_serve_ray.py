@@ -110,6 +110,29 @@ def test_merged_metrics_keep_each_replicas_series():
 
 
 @unit
+def test_replica_totals_read_the_merged_metrics(monkeypatch):
+    import io
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from npuw_kv.cluster import local
+
+    def exposition(prompt: float, hits: float) -> str:
+        registry = CollectorRegistry()
+        for name, value in (("vllm:prompt_tokens", prompt), ("vllm:prefix_cache_hits", hits)):
+            Counter(name, "-", ["model_name"], registry=registry).labels("m").inc(value)
+        return generate_latest(registry).decode()
+
+    merged = merge_metrics({"a": exposition(4, 2), "b": exposition(6, 3)})
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(merged))
+    assert local.replica_totals("http://x") == {
+        "a": {"prompt": 4.0, "hits": 2.0, "queries": 0.0},
+        "b": {"prompt": 6.0, "hits": 3.0, "queries": 0.0},
+    }
+
+
+@unit
 def test_drive_relays_an_app_and_tells_it_when_the_reader_left():
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -273,6 +296,17 @@ def test_prefix_routing_keeps_chats_where_their_prefixes_are(cluster):
     assert rates["round-robin"] < rates["prefix"] - 0.15, rates
 
 
+def model_replicas() -> list[str]:
+    """The Ray actor names of the model deployment's replicas (the driver must be connected)."""
+    import ray
+
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("SERVE_REPLICA::") and "#model#" in a["name"]
+    ]
+
+
 @pytest.mark.slow(150)
 def test_a_replica_killed_mid_load_cuts_no_answer_silently(cluster):
     import threading
@@ -314,11 +348,7 @@ def test_a_replica_killed_mid_load_cuts_no_answer_silently(cluster):
         started.wait(timeout=120)  # every stream has its first tokens
         ray.init(address=cluster.address)
         try:
-            names = [
-                a["name"]
-                for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["name"].startswith("SERVE_REPLICA::") and "#model#" in a["name"]
-            ]
+            names = model_replicas()
             assert len(names) == 2, names
             ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
             for t in threads:
@@ -336,13 +366,7 @@ def test_a_replica_killed_mid_load_cuts_no_answer_silently(cluster):
             assert reply.choices[0].finish_reason in ("length", "stop")
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:  # Ray Serve starts a replica in its place
-                alive = [
-                    a["name"]
-                    for a in ray.util.list_named_actors(all_namespaces=True)
-                    if a["name"].startswith("SERVE_REPLICA::")
-                    and "#model#" in a["name"]
-                    and a["name"] != names[0]
-                ]
+                alive = [name for name in model_replicas() if name != names[0]]
                 if len(alive) == 2 and server.health()["status"] == "ok":
                     break
                 time.sleep(1)

@@ -23,6 +23,8 @@ _PROXY_FLAGS = {
                            "(RAY_SERVE_HTTP_KEEP_ALIVE_TIMEOUT_S)"),
     "body_timeout": (30.0, "Ray Serve's HTTP proxy reads the request bodies"),
 }  # fmt: skip
+# the --ray flags, and their defaults (refused when set without --ray)
+_RAY_ONLY: dict[str, Any] = {"replicas": "1", "router": "prefix", "cpus_per_replica": 1.0}
 
 
 def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) -> None:
@@ -123,21 +125,21 @@ def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) 
     )
     ray.add_argument(
         "--replicas",
-        default="1",
+        default=_RAY_ONLY["replicas"],
         metavar="N|MIN-MAX",
         help="model replicas, each loading the model (default 1; MIN-MAX: autoscaled)",
     )
     ray.add_argument(
         "--router",
         choices=RAY_ROUTERS,
-        default="prefix",
+        default=_RAY_ONLY["router"],
         help="prefix: a request to the replica holding its prompt's prefix unless it is much "
         "busier (default); power-of-two: Ray Serve's own; round-robin: in turn",
     )
     ray.add_argument(
         "--cpus-per-replica",
         type=positive_float("--cpus-per-replica"),
-        default=1.0,
+        default=_RAY_ONLY["cpus_per_replica"],
         help="Ray CPUs each replica reserves (default 1: one replica per CPU Ray counts)",
     )
 
@@ -213,9 +215,6 @@ def guard_of(args: argparse.Namespace, settings: Any) -> Any:
         max_body_mb=args.max_body_mb,
         body_timeout_s=args.body_timeout,
     )
-
-
-_RAY_ONLY = {"replicas": "1", "router": "prefix", "cpus_per_replica": 1.0}
 
 
 def run_on_ray(args: argparse.Namespace) -> int:

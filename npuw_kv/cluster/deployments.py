@@ -5,7 +5,6 @@ where the replicas leave their ``/metrics`` for the endpoint to merge."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..serve.api_error import ApiError, error_response, sse
 from ..serve.guard import GuardSettings
-from ..serve.protocol import ApiError
 from .affinity import ROUTERS, prompt_text
 from .forward import Forwarded, drive
 from .metrics_merge import merge_metrics
@@ -130,10 +129,10 @@ class Endpoint:
         self.model, self.board_name = model, board_name
 
     async def __call__(self, request: Request) -> Response:
-        from ..serve.metrics import CONTENT_TYPE
-
         path = request.url.path
         if path == "/metrics" and request.method == "GET":
+            from ..serve.metrics import CONTENT_TYPE  # with its package: only when asked
+
             texts = await board(self.board_name).read.remote(STALE_S)
             return Response(merge_metrics(texts), media_type=CONTENT_TYPE)
         body = await request.body()
@@ -164,7 +163,7 @@ async def relay(model: Any, forwarded: Forwarded) -> Response:
             stream.cancel()
             if attempt == RETRIES:
                 break
-    return _error_response(_GONE_BEFORE)
+    return error_response(_GONE_BEFORE)
 
 
 def _is_event_stream(start: dict[str, Any]) -> bool:
@@ -209,11 +208,6 @@ class _Relay(Response):
                 self.stream.cancel()
 
 
-def _error_response(error: ApiError) -> Response:
-    return Response(json.dumps(error.body()), status_code=error.status,
-                    media_type="application/json", headers=error.headers)  # fmt: skip
-
-
 _GONE_BEFORE = ApiError(
     503, "the replica serving this request stopped before it answered, and so did its retry; "
     "try again", kind="server_error", code="replica_unavailable",
@@ -222,7 +216,7 @@ _CUT = ApiError(
     503, "the replica serving this answer stopped mid-stream: the answer is cut short",
     kind="server_error", code="replica_died",
 )  # fmt: skip
-_CUT_EVENTS = f"data: {json.dumps(_CUT.body())}\n\ndata: [DONE]\n\n".encode()
+_CUT_EVENTS = (sse(_CUT.body()) + "data: [DONE]\n\n").encode()
 
 
 def parse_replicas(text: str) -> tuple[int, int]:

@@ -18,6 +18,8 @@ import time
 import urllib.request
 from typing import Any
 
+from .metrics_merge import REPLICA_LABEL
+
 TOPICS = (
     "the water cycle", "how bridges carry weight", "the history of the printing press",
     "why the sky is blue", "how vaccines train the immune system", "the rules of chess",
@@ -117,19 +119,18 @@ def chats(
 
 def replica_totals(root: str) -> dict[str, dict[str, float]]:
     """Each replica's prompt tokens and prefix-cache hits and queries, from the ``/metrics``
-    of the endpoint at ``root``: {replica: {"prompt": .., "hits": .., "queries": ..}} (a lone
-    replica, served without an endpoint, is named "")."""
+    of the endpoint at ``root``: {replica: {"prompt": .., "hits": .., "queries": ..}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"{root}/metrics", timeout=30) as reply:
         text = reply.read().decode()
     names = {"vllm:prompt_tokens_total": "prompt", "vllm:prefix_cache_hits_total": "hits",
              "vllm:prefix_cache_queries_total": "queries"}  # fmt: skip
     totals: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        if name not in names:
-            continue
-        labels = rest.split('replica="', 1)  # a lone replica's own series have no label
-        replica = labels[1].split('"', 1)[0] if len(labels) == 2 else ""
-        figures = totals.setdefault(replica, {"prompt": 0.0, "hits": 0.0, "queries": 0.0})
-        figures[names[name]] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                replica = sample.labels[REPLICA_LABEL]
+                figures = totals.setdefault(replica, dict.fromkeys(names.values(), 0.0))
+                figures[names[sample.name]] += sample.value
     return totals

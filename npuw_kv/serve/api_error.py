@@ -1,8 +1,13 @@
-"""The error a request is answered with, in OpenAI's shape."""
+"""The error a request is answered with, in OpenAI's shape, and how answers are written: as a
+JSON response, or as a server-sent event of a stream.  Light on purpose (no model packages): the
+Ray endpoint writes its own errors with it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from starlette.responses import JSONResponse
 
 
 class ApiError(Exception):
@@ -31,6 +36,15 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def sse(data: dict[str, Any]) -> str:
+    """One server-sent event carrying ``data`` as JSON."""
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def bad(param: str, message: str) -> ApiError:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -28,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from .api_error import error_response, sse
 from .guard import Guard, GuardSettings, prompt_bytes_check
 from .jobs import Admission, Event, Run, Worker
 from .metrics import CONTENT_TYPE, CountingPipe, ServeMetrics
@@ -57,14 +57,6 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.admission.close()
-
-
-def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def make_app(

@@ -11,6 +11,7 @@ every machine), and asks Ray for ``cpus`` CPUs, so a node of one CPU runs one ta
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,8 @@ from .run import (
     baseline_of,
     case_keys,
     check_modes,
-    make_reference,
+    reference_and_peers,
     run_case,
-    run_peers,
 )
 
 
@@ -40,13 +40,10 @@ def _references(
     torch_source: str | None,
 ) -> tuple[PromptReference, list[Result]]:
     model_dir = resolve_model(model, zero_points=zero_points)
-    genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
-    ref = make_reference(genai_ref, StatefulReference(model_dir), prompt_len, new_tokens)
-    peers: list[Result] = []
-    if peer and ref.error is None:
-        torch = load_torch(Path(torch_source) if torch_source else None)
-        peers = run_peers(model_dir, ref, modes, new_tokens, torch)
-    return ref, peers
+    references = (GenaiReference(model_dir, "CPU", **EXACT_REFERENCE), StatefulReference(model_dir))
+    source = Path(torch_source) if torch_source else None
+    torch = functools.partial(load_torch, source) if peer else None
+    return reference_and_peers(model_dir, references, prompt_len, new_tokens, modes, torch)
 
 
 def _case(

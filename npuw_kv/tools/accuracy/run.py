@@ -7,6 +7,7 @@ each position gives the token agreement (identical to free-running up to the fir
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,22 @@ def make_reference(
     return ref
 
 
+def reference_and_peers(
+    model_dir: Path,
+    references: tuple[GenaiReference, StatefulReference],
+    prompt_len: int,
+    new_tokens: int,
+    modes: Sequence[str],
+    torch: Callable[[], TorchReference | Exception] | None,
+) -> tuple[PromptReference, list[Result]]:
+    """One prompt length's reference and, given ``torch`` (how to get the PyTorch peer; None:
+    no peers), the peers' rows."""
+    ref = make_reference(*references, prompt_len, new_tokens)
+    if torch is None or ref.error is not None:
+        return ref, []
+    return ref, run_peers(model_dir, ref, modes, new_tokens, torch())
+
+
 def run_peers(
     model_dir: Path,
     ref: PromptReference,
@@ -163,18 +180,14 @@ def run_matrix(
     """
     check_modes(modes)
     results: list[Result] = []
-    torch: TorchReference | Exception | None = None  # loaded on first use, once
-    genai_ref = GenaiReference(model_dir, "CPU", **EXACT_REFERENCE)
-    stateful = StatefulReference(model_dir)
+    torch = functools.cache(functools.partial(load_torch, torch_source)) if peer else None
+    references = (GenaiReference(model_dir, "CPU", **EXACT_REFERENCE), StatefulReference(model_dir))
     keys = case_keys(devices, modes, list(chunks))
-    for prompt_len in prompt_lens:
-        ref = make_reference(genai_ref, stateful, prompt_len, new_tokens)
-        peers: list[Result] = []
-        if peer and ref.error is None:
-            if torch is None:
-                torch = load_torch(torch_source)
-            peers = run_peers(model_dir, ref, modes, new_tokens, torch)
-            results += peers
+    for prompt_len in prompt_lens:  # torch is loaded on first use, once
+        ref, peers = reference_and_peers(
+            model_dir, references, prompt_len, new_tokens, modes, torch
+        )
+        results += peers
         for key in keys:
             result = run_case(model_dir, ref, key, new_tokens, baseline_of(peers))
             results.append(result)
