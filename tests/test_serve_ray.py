@@ -185,10 +185,175 @@ def test_drive_relays_an_app_and_tells_it_when_the_reader_left():
         (["serve", "--ray", "--header-timeout", "3"], "--header-timeout is not used with --ray"),
         (["serve", "--ray", "--replicas", "3-2"], "MIN <= MAX"),
         (["serve", "--ray", "--replicas", "two"], "N or MIN-MAX"),
+        (["serve", "--models", "m.txt"], "--models is for --ray"),
     ],
 )
 def test_ray_flags_are_refused_where_they_mean_nothing(argv, message, capsys):
     assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+class _Handle:
+    """A model deployment's handle, as the endpoint calls it, over an in-process app."""
+
+    def __init__(self, app) -> None:
+        self.app, self.forward = app, self
+
+    def options(self, stream: bool):
+        return self
+
+    def remote(self, forwarded: Forwarded):
+        return _Stream(drive(self.app, forwarded))
+
+
+class _Stream:
+    def __init__(self, messages) -> None:
+        self.messages = messages
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self.messages.__anext__()
+
+    def cancel(self) -> None:
+        pass
+
+
+def _model_app(name: str):
+    """A stand-in for one model's server: the model it serves, an API key on /v1/models."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def models(request):
+        if request.headers.get("authorization") != "Bearer k":
+            return JSONResponse({"error": {"message": "key"}}, status_code=401)
+        return JSONResponse({"object": "list", "data": [{"id": name}]})
+
+    async def answer(request):
+        body = await request.json()
+        return JSONResponse({"by": name, "model": body.get("model")})
+
+    async def health(request):
+        return JSONResponse({"status": "ok", "running": 0})
+
+    return Starlette(routes=[Route("/v1/models", models), Route("/health", health),
+                             Route("/v1/chat/completions", answer, methods=["POST"]),
+                             Route("/tokenize", answer, methods=["POST"])])  # fmt: skip
+
+
+@unit
+def test_endpoint_sends_each_request_to_the_model_it_names():
+    from starlette.requests import Request
+
+    from npuw_kv.cluster.endpoint import Endpoint, requested_model
+
+    def call(endpoint, method: str, path: str, body: dict | None = None, key: str = "k"):
+        raw = json.dumps(body).encode() if body is not None else b""
+        path, _, query = path.partition("?")
+        auth = [(b"authorization", f"Bearer {key}".encode())]
+        scope = {"type": "http", "method": method, "path": path, "query_string": query.encode(),
+                 "headers": auth, "client": None}  # fmt: skip
+
+        async def receive():
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        async def run():
+            response = await endpoint(Request(scope, receive))
+            sent: list[dict] = []
+
+            async def send(message):
+                sent.append(message)
+
+            await response(scope, receive, send)
+            return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+        return asyncio.run(run())
+
+    assert requested_model(Forwarded("GET", "/tokenizer_info", b"model=b", (), b"")) == "b"
+    assert requested_model(Forwarded("POST", "/tokenize", b"", (), b'{"model": 3}')) is None
+    two = Endpoint({"a": _Handle(_model_app("a")), "b": _Handle(_model_app("b"))}, [])
+    chat = "/v1/chat/completions"
+    assert call(two, "POST", chat, {"model": "b"}) == (200, {"by": "b", "model": "b"})
+    assert call(two, "POST", chat, {"model": "a"})[1]["by"] == "a"
+    status, error = call(two, "POST", chat, {"model": "c"})
+    assert status == 404 and "serving a, b" in error["error"]["message"]
+    assert call(two, "POST", chat, {"model": "c"}, key="wrong")[0] == 401  # the replica's say
+    status, error = call(two, "POST", "/tokenize", {"prompt": "x"})
+    assert status == 400 and "several models (a, b)" in error["error"]["message"]
+    assert call(two, "POST", chat, {})[1]["by"] == "a"  # the replica says a model is needed
+    listed = {"object": "list", "data": [{"id": "a"}, {"id": "b"}]}
+    assert call(two, "GET", "/v1/models") == (200, listed)
+    assert call(two, "GET", "/v1/models", key="wrong")[0] == 401
+    status, health = call(two, "GET", "/health")
+    assert status == 200 and set(health["models"]) == {"a", "b"}
+    one = Endpoint({"a": _Handle(_model_app("a"))}, [])
+    assert call(one, "POST", chat, {"model": "c"}) == (200, {"by": "a", "model": "c"})
+    assert call(one, "GET", "/health") == (200, {"status": "ok", "running": 0})
+
+
+@unit
+def test_prefix_router_forgets_replicas_ray_took_away():
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID
+
+    from npuw_kv.cluster.router import PrefixRouter
+
+    deployment = DeploymentID("model", "app")
+
+    class Replica:  # what the router reads of Ray's replica wrapper
+        def __init__(self, name: str) -> None:
+            self.replica_id = ReplicaID(name, deployment)
+            self.node_id, self.availability_zone, self.multiplexed_model_ids = "n", None, set()
+
+        async def get_queue_len(self, *, deadline_s: float) -> int:
+            return 0
+
+    async def scenario() -> None:
+        router = PrefixRouter(deployment, DeploymentHandleSource.UNKNOWN)
+        router.initialize_state()
+        a, b = Replica("a"), Replica("b")
+        router.update_replicas([a, b])
+        router.policy.record("a", "x" * 200)
+        router.policy.record("b", "y" * 200)
+        router.in_flight.update(a=1, b=2)
+        router.update_replicas([b])  # a scaled down
+        assert set(router.policy.held) == {"b"} and router.in_flight == {"b": 2}
+        await asyncio.sleep(0)  # the router's probe of the new replicas
+
+    asyncio.run(scenario())
+
+
+@unit
+def test_auto_device_is_the_npu_where_there_is_one(monkeypatch):
+    from npuw_kv.runtime import device
+
+    monkeypatch.setattr(device, "npu_present", lambda: False)
+    assert device.resolve_device("auto") == "CPU" and device.resolve_device("NPU") == "NPU"
+    monkeypatch.setattr(device, "npu_present", lambda: True)
+    assert device.resolve_device("AUTO") == "NPU" and device.resolve_device("CPU") == "CPU"
+
+
+@unit
+@pytest.mark.parametrize(
+    "lines, extra, message",
+    [
+        ("-m smollm2 --port 9000\n", (), "line 1: --port is the endpoint's"),
+        ("# none\n\n", (), "lists no model"),
+        ("-m a.gguf\n-m b/a.gguf\n", (), "two models served as 'a'"),
+        ("-m smollm2\n-m x --replicas 0\n", (), "line 2: --replicas: at least 1"),
+        ("-m smollm2 -d GPU\n", (), "line 1: --device must be CPU, NPU or auto"),
+        ("-m smollm2 --bogus\n", (), "line 1: unrecognized arguments: --bogus"),
+        ("-m smollm2 'open\n", (), "line 1: No closing quotation"),
+        ("-m smollm2\n", ("--exact",), "not on the command line (--exact given there)"),
+    ],
+)
+def test_a_models_file_is_checked_before_anything_is_deployed(
+    lines, extra, message, tmp_path, capsys
+):
+    models = tmp_path / "models.txt"
+    models.write_text(lines)
+    assert main(["serve", "--ray", "--models", str(models), *extra]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -296,14 +461,14 @@ def test_prefix_routing_keeps_chats_where_their_prefixes_are(cluster):
     assert rates["round-robin"] < rates["prefix"] - 0.15, rates
 
 
-def model_replicas() -> list[str]:
+def model_replicas(deployment: str = "model") -> list[str]:
     """The Ray actor names of the model deployment's replicas (the driver must be connected)."""
     import ray
 
     return [
         a["name"]
         for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["name"].startswith("SERVE_REPLICA::") and "#model#" in a["name"]
+        if a["name"].startswith("SERVE_REPLICA::") and f"#{deployment}#" in a["name"]
     ]
 
 
@@ -375,6 +540,105 @@ def test_a_replica_killed_mid_load_cuts_no_answer_silently(cluster):
             ray.shutdown()
     finally:
         assert server.stop() == 0, server.stderr()
+
+
+@pytest.mark.slow(150)
+def test_two_models_on_one_endpoint_scale_up_and_drain(cluster, exact_server):
+    """Two models by name behind one endpoint (one on ``-d auto``); the first autoscaled
+    1-2 under load, then scaled down to one replica while streams run on both: every stream
+    ends whole."""
+    import threading
+
+    import ray
+    from ray import serve
+
+    from npuw_kv.cli.args import pipeline_kwargs
+    from npuw_kv.cli.commands import build_parser
+    from npuw_kv.cluster.deployments import ModelPlan, ReplicaSpec, build_app
+    from npuw_kv.cluster.launch import free_port
+
+    exact = pipeline_kwargs(build_parser().parse_args(["serve", *EXACT_SERVE_ARGS]))
+    smol = ReplicaSpec(None, "genai", "CPU", exact, "smol")
+    short = ReplicaSpec(None, "genai", "auto", {**exact, "max_prompt_len": 256}, "short")
+
+    def deploy(smol_replicas: tuple[int, int]) -> None:
+        plans = [ModelPlan(smol, smol_replicas, "round-robin", 0.5), ModelPlan(short, (1, 1),
+                 "prefix", 0.5)]  # fmt: skip
+        scaling = {"upscale_delay_s": 0, "downscale_delay_s": 600, "target_ongoing_requests": 1}
+        app = build_app(plans, grace_s=120, autoscaling=scaling)
+        serve.run(app, name="two", route_prefix="/", logging_config={"log_level": "WARNING"})
+
+    ray.init(address=cluster.address, namespace="npuw-kv")
+    port = free_port("127.0.0.1")
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    try:
+        deploy((1, 2))
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
+                               max_retries=0)  # fmt: skip
+        reference = openai.OpenAI(base_url=exact_server.url, api_key="-")
+        assert sorted(m.id for m in client.models.list().data) == ["short", "smol"]
+        messages = [{"role": "user", "content": "Name three colours."}]
+        want = reference.chat.completions.create(
+            model=reference.models.list().data[0].id, messages=messages, max_tokens=16,
+            temperature=0,
+        ).choices[0].message.content  # fmt: skip
+        for name in ("smol", "short"):
+            got = client.chat.completions.create(
+                model=name, messages=messages, max_tokens=16, temperature=0
+            )
+            assert got.choices[0].message.content == want
+        long_prompt = [{"role": "user", "content": "word " * 400}]
+        with pytest.raises(openai.BadRequestError, match="256"):  # short's own limit
+            client.chat.completions.create(model="short", messages=long_prompt, max_tokens=2)
+        assert client.chat.completions.create(
+            model="smol", messages=long_prompt, max_tokens=2, extra_body={"ignore_eos": True}
+        ).choices[0].finish_reason == "length"  # fmt: skip
+        with pytest.raises(openai.NotFoundError, match="serving smol, short"):
+            client.chat.completions.create(model="big", messages=messages, max_tokens=2)
+
+        ends: dict[int, tuple[str | None, int]] = {}
+
+        def story(i: int) -> None:
+            stream = client.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": f"Tell story {i}."}],
+                max_tokens=240, temperature=0, stream=True, extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            finish, tokens = None, 0
+            try:
+                for chunk in stream:
+                    if chunk.choices:
+                        finish = chunk.choices[0].finish_reason or finish
+                    if chunk.usage:
+                        tokens = chunk.usage.completion_tokens
+                ends[i] = (finish, tokens)
+            except openai.APIError as exc:
+                ends[i] = (f"error {exc}", tokens)
+
+        threads = [threading.Thread(target=story, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while len(model_replicas("model-0")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)  # three requests in flight against a target of one: a second
+        assert len(model_replicas("model-0")) == 2, "smol was not scaled up"
+        while serve.status().applications["two"].status != "RUNNING":
+            time.sleep(0.5)
+        later = [threading.Thread(target=story, args=(i,)) for i in range(3, 5)]
+        for t in later:  # round-robin: at least one of them on the new replica
+            t.start()
+        time.sleep(1.0)
+        deploy((1, 1))  # down to one: the replica that goes finishes its streams first
+        for t in threads + later:
+            t.join(timeout=300)
+        assert ends == dict.fromkeys(range(5), ("length", 240)), ends
+        deadline = time.monotonic() + 60
+        while len(model_replicas("model-0")) > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(model_replicas("model-0")) == 1
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 @pytest.mark.slow(20)

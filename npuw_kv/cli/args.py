@@ -4,6 +4,7 @@ loads a model (``bench`` included): choices and defaults come from :mod:`npuw_kv
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from ..config.pipeline_config import PipelineConfig
@@ -63,6 +64,23 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {**penalties, **fields}
 
 
+def at_least(low: int, why: str = "", high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (and <= ``high``, when given)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}{why}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+
+    return parse
+
+
 def zero_points_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gguf-zero-points",
@@ -95,7 +113,12 @@ def model_args(parser: argparse.ArgumentParser, for_bench: bool = False) -> None
             "--device", "-d", default=None, help="CPU or NPU: the npuw-kv path to bench by default"
         )
     else:
-        parser.add_argument("--device", "-d", default="CPU", help="CPU or NPU (default CPU)")
+        parser.add_argument(
+            "--device",
+            "-d",
+            default="CPU",
+            help="CPU, NPU, or auto: the NPU when this machine has one, else the CPU (default CPU)",
+        )
     parser.add_argument(
         "--max-prompt-len",
         type=int,

@@ -7,13 +7,12 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
 from ..tools.bench_worker import RUNTIMES
 from . import terminal as cli_io
-from .args import model_args, pipeline_kwargs, sampling_kwargs, text_args, zero_points_arg
+from .args import at_least, model_args, pipeline_kwargs, sampling_kwargs, text_args, zero_points_arg
 from .chat import chat_session
 from .doctor import add_doctor_parser
 from .doctor import run as run_doctor  # light: the doctor's sections load when it runs
@@ -22,8 +21,9 @@ from .serve_command import add_serve_flags
 
 def _load(args: argparse.Namespace):
     from ..pipeline import LLMPipeline
-    from ..runtime.device import npu_present
+    from ..runtime.device import npu_present, resolve_device
 
+    args.device = resolve_device(args.device)
     if str(args.device).upper() == "NPU" and not npu_present():
         print(
             "npuw-kv: no NPU here: NPUW runs its sub-models on the CPU (right answers, decoding "
@@ -62,9 +62,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..runtime.device import resolve_device
     from .describe import describe
 
-    print(describe(args.model, args.device, **pipeline_kwargs(args)))
+    print(describe(args.model, resolve_device(args.device), **pipeline_kwargs(args)))
     return 0
 
 
@@ -78,24 +79,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(args)
 
 
-def _at_least(low: int, why: str = "", high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low`` (and <= ``high``, when given)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}{why}, got {value}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _at_least(1)
+_positive_int = at_least(1)
 
 
 def _check_inspect(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -228,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         "one at a time.",
     )
     model_args(srv)
-    add_serve_flags(srv, _at_least)
+    add_serve_flags(srv)
     srv.set_defaults(func=cmd_serve)
     insp = sub.add_parser("inspect", help="print the discovered KV layout and static shapes")
     model_args(insp)
@@ -255,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--new-tokens",
-        type=_at_least(2, " (a decode rate needs a second token)"),
+        type=at_least(2, " (a decode rate needs a second token)"),
         default=None,
         help="new tokens per run (default 64)",
     )

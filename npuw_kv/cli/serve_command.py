@@ -14,21 +14,23 @@ from ..cluster.affinity import ROUTERS as RAY_ROUTERS  # no Ray: the flags list 
 from ..errors import UsageError
 from ..serve.tools import PARSER_SETTING  # no server packages: the flag is listed without them
 from . import terminal as cli_io
+from .args import at_least
 
 # flags the server honours on uvicorn that Ray Serve's HTTP proxy decides under --ray (refused
 # there, not dropped): their defaults, and why
-_PROXY_FLAGS = {
+PROXY_FLAGS = {
     "header_timeout": (10.0, "Ray Serve's HTTP proxy holds the connections"),
     "keep_alive_timeout": (5, "Ray Serve's HTTP proxy holds the connections "
                            "(RAY_SERVE_HTTP_KEEP_ALIVE_TIMEOUT_S)"),
     "body_timeout": (30.0, "Ray Serve's HTTP proxy reads the request bodies"),
 }  # fmt: skip
 # the --ray flags, and their defaults (refused when set without --ray)
-_RAY_ONLY: dict[str, Any] = {"replicas": "1", "router": "prefix", "cpus_per_replica": 1.0}
+_RAY_ONLY: dict[str, Any] = {"replicas": "1", "router": "prefix", "cpus_per_replica": 1.0,
+                             "models": None}  # fmt: skip
 
 
-def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) -> None:
-    """The server's own flags; ``at_least``: the integer type of the other commands."""
+def add_serve_flags(srv: argparse.ArgumentParser) -> None:
+    """The server's own flags."""
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     srv.add_argument(
         "--port",
@@ -86,19 +88,19 @@ def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) 
     srv.add_argument(
         "--body-timeout",
         type=positive_float("--body-timeout"),
-        default=_PROXY_FLAGS["body_timeout"][0],
+        default=PROXY_FLAGS["body_timeout"][0],
         help="seconds a request body may take to arrive whole; slower gets 408 (default 30)",
     )
     srv.add_argument(
         "--header-timeout",
         type=positive_float("--header-timeout"),
-        default=_PROXY_FLAGS["header_timeout"][0],
+        default=PROXY_FLAGS["header_timeout"][0],
         help="seconds a connection may take to send a request's headers (default 10)",
     )
     srv.add_argument(
         "--keep-alive-timeout",
         type=at_least(1),
-        default=_PROXY_FLAGS["keep_alive_timeout"][0],
+        default=PROXY_FLAGS["keep_alive_timeout"][0],
         help="seconds an idle connection stays open between requests (default 5)",
     )
     srv.add_argument(
@@ -137,6 +139,14 @@ def add_serve_flags(srv: argparse.ArgumentParser, at_least: Callable[..., Any]) 
         "busier (default); power-of-two: Ray Serve's own; round-robin: in turn",
     )
     ray.add_argument(
+        "--models",
+        metavar="FILE",
+        default=None,
+        help="several models behind one endpoint, chosen by each request's model: FILE has one "
+        "line per model, its flags as on this command line (-m, -d, -p, --served-model-name, "
+        "--replicas, --router, ...)",
+    )
+    ray.add_argument(
         "--cpus-per-replica",
         type=positive_float("--cpus-per-replica"),
         default=_RAY_ONLY["cpus_per_replica"],
@@ -167,6 +177,8 @@ def read_template(path: str | None) -> str | None:
 def run_server(args: argparse.Namespace, load: Callable[[argparse.Namespace], Any]) -> int:
     """``npuw-kv serve``: the model ``load`` gives, served with the command line's settings."""
     if args.ray is not None:
+        from .serve_ray import run_on_ray
+
         return run_on_ray(args)
     for name, default in _RAY_ONLY.items():
         if getattr(args, name) != default:
@@ -214,56 +226,6 @@ def guard_of(args: argparse.Namespace, settings: Any) -> Any:
         allowed_origins=tuple(listed(args.allowed_origins)),
         max_body_mb=args.max_body_mb,
         body_timeout_s=args.body_timeout,
-    )
-
-
-def run_on_ray(args: argparse.Namespace) -> int:
-    """``npuw-kv serve --ray``: replicas on a Ray cluster, each loading the model itself (a
-    model file's path must be the same on every machine)."""
-    from .args import pipeline_kwargs
-
-    try:
-        from ..cluster.deployments import ReplicaSpec, parse_replicas
-        from ..cluster.launch import serve_on_ray
-        from ..serve.guard import GuardSettings
-    except ModuleNotFoundError as exc:
-        cli_io.error(
-            f"npuw-kv serve --ray needs the 'ray' extra ({exc.name} is missing): "
-            "pip install 'npuw-kv[ray]'"
-        )
-        return 2
-    for name, (default, why) in _PROXY_FLAGS.items():
-        if getattr(args, name) != default:
-            raise UsageError(f"--{name.replace('_', '-')} is not used with --ray: {why}")
-    try:
-        replicas = parse_replicas(args.replicas)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    model = args.model_source  # each replica resolves it (a fixed IR is made on its machine)
-    if model and Path(model).exists():
-        model = str(Path(model).resolve())  # the replicas do not share this directory
-    spec = ReplicaSpec(
-        model=model,
-        zero_points=args.gguf_zero_points,
-        device=args.device,
-        pipeline=pipeline_kwargs(args),
-        model_id=args.served_model_name or model_id_of(args.model_source),
-        queue=args.queue,
-        api_key=api_key_of(args.api_key),
-        guard=guard_of(args, GuardSettings),
-        tool_parser=args.tool_call_parser,
-        chat_template=read_template(args.chat_template),
-    )
-    return serve_on_ray(
-        spec,
-        address=args.ray,
-        host=args.host,
-        port=args.port,
-        replicas=replicas,
-        router=args.router,
-        cpus_per_replica=args.cpus_per_replica,
-        grace_s=args.grace,
-        access_log=args.access_log,
     )
 
 

@@ -12,7 +12,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from .deployments import ReplicaSpec, build_app
+from .deployments import ModelPlan, app_name, build_app
 
 
 def free_port(host: str) -> int:
@@ -24,19 +24,16 @@ def free_port(host: str) -> int:
 
 
 def serve_on_ray(
-    spec: ReplicaSpec,
+    plans: list[ModelPlan],
     *,
     address: str | None,
     host: str,
     port: int,
-    replicas: tuple[int, int],
-    router: str,
-    cpus_per_replica: float,
     grace_s: float,
     access_log: bool,
 ) -> int:
-    """Serve ``spec`` on the cluster at ``address`` (None: the one this machine runs, or a new
-    one for this process) until stopped; the exit code."""
+    """Serve the models of ``plans`` behind one endpoint on the cluster at ``address`` (None:
+    the one this machine runs, or a new one for this process) until stopped; the exit code."""
     import ray
     from ray import serve
 
@@ -50,33 +47,29 @@ def serve_on_ray(
     try:
         port = port or free_port(host)
         serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
-        app = build_app(spec, replicas=replicas, router=router,
-                        cpus_per_replica=cpus_per_replica, grace_s=grace_s)  # fmt: skip
+        app, name = build_app(plans, grace_s=grace_s), app_name(plans)
         level = "INFO" if access_log else "WARNING"
         try:
-            serve.run(app, name=spec.model_id, route_prefix="/",
+            serve.run(app, name=name, route_prefix="/",
                       logging_config={"log_level": level})  # fmt: skip
             problem = "" if _proxy_answers(host, port) else _OTHER_PROXY.format(host, port)
         except (RuntimeError, KeyboardInterrupt) as exc:  # nothing is served: leave nothing
             if isinstance(exc, KeyboardInterrupt):
-                _take_down(serve, spec.model_id, ours)
+                _take_down(serve, name, ours)
                 return 130
-            problem = "the replicas did not start: " + (
-                _replica_error(serve, spec.model_id) or str(exc)
-            )
+            problem = "the replicas did not start: " + (_replica_error(serve, name) or str(exc))
         if problem:
-            _take_down(serve, spec.model_id, ours)
+            _take_down(serve, name, ours)
             print(f"npuw-kv: error: {problem}", file=sys.stderr)
             return 1
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
             signal.signal(sig, on_signal)
         shown = f"[{host}]" if ":" in host else host
-        count = f"{replicas[0]}" if replicas[0] == replicas[1] else f"{replicas[0]}-{replicas[1]}"
-        print(f"npuw-kv serve: listening on http://{shown}:{port}/v1 ({count} replicas on Ray, "
-              f"{router} routing; Ctrl-C stops)", flush=True)  # fmt: skip
+        print(f"npuw-kv serve: listening on http://{shown}:{port}/v1 ({_served(plans)} on Ray; "
+              "Ctrl-C stops)", flush=True)  # fmt: skip
         while not stop.wait(0.5):
             pass
-        _take_down(serve, spec.model_id, ours)  # waits for the replicas' graceful stop
+        _take_down(serve, name, ours)  # waits for the replicas' graceful stop
     finally:
         ray.shutdown()
     return 0
@@ -87,6 +80,16 @@ _OTHER_PROXY = (
     "of the first Serve application hold): give that address with --host/--port, or stop it "
     "with `serve shutdown`"
 )
+
+
+def _served(plans: list[ModelPlan]) -> str:
+    """What the endpoint serves, as the start-up line says it."""
+    parts = []
+    for plan in plans:
+        low, high = plan.replicas
+        count = f"{low}" if low == high else f"{low}-{high}"
+        parts.append(f"{plan.spec.model_id}: {count} replicas, {plan.router} routing")
+    return "; ".join(parts)
 
 
 def _serve_running(serve: Any) -> bool:

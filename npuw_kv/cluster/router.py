@@ -47,8 +47,20 @@ class PrefixRouter(RequestRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self.policy.forget(replica_id.unique_id)
-        self.in_flight.pop(replica_id.unique_id, None)
+        self._forget(replica_id.unique_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Ray's new set of replicas: the ones scaled down or replaced are forgotten (a new
+        replica of the same name would hold none of their prefixes)."""
+        super().update_replicas(replicas)
+        current = {r.replica_id.unique_id for r in replicas}
+        for name in set(self.policy.held) | set(self.in_flight):
+            if name not in current:
+                self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        self.policy.forget(name)
+        self.in_flight.pop(name, None)
 
 
 def _key(pending_request: PendingRequest | None) -> str:

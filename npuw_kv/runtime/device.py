@@ -97,6 +97,14 @@ def npu_present() -> bool:
     return "NPU" in ov.Core().available_devices
 
 
+def resolve_device(name: str) -> str:
+    """``auto``: this machine's NPU when OpenVINO sees one, else its CPU (what each replica of
+    ``npuw-kv serve --ray`` decides on its own machine); any other name as given."""
+    if str(name).strip().upper() != "AUTO":
+        return name
+    return "NPU" if npu_present() else "CPU"
+
+
 @dataclass(kw_only=True)
 class NpuIO:
     """How the NPU path's requests meet an NPU's I/O rules (:mod:`.npu_rules`): where the KV
