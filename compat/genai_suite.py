@@ -310,13 +310,19 @@ def main(argv: list[str] | None = None) -> None:
         help="how genai's tests get npuw-kv: its pipeline classes, or every import",
     )
     parser.add_argument("--all", action="store_true", help=f"add {', '.join(SLOW_FILES)}")
+    parser.add_argument(
+        "--files",
+        default=None,
+        help="comma-separated test files (or file::test ids) to run instead of the selection",
+    )
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = parser.parse_args(argv)
     suite, work = args.suite.resolve(), args.work.resolve()
     if not (suite / "test_llm_pipeline.py").exists():
         raise SystemExit(f"{suite} is not openvino.genai's tests/python_tests folder")
     work.mkdir(parents=True, exist_ok=True)
-    files = [*SELECTION, *(SLOW_FILES if args.all else ()), *args.pytest_args]
+    chosen = [*SELECTION, *(SLOW_FILES if args.all else ())]
+    files = [*(args.files.split(",") if args.files else chosen), *args.pytest_args]
     swaps = ["class swap", "module swap"] if args.swap == "both" else [f"{args.swap} swap"]
     genai = outcomes(run("openvino-genai", suite, work, kv=args.kv, files=files, device="CPU"))
     for swap in swaps:

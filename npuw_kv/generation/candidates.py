@@ -13,6 +13,7 @@ import numpy as np
 
 from ..api.speculative_metrics import ModelCalls
 from ..runtime.runner import Runner
+from ..runtime.static.prompt_reuse import shared_prefix
 from .logits_process import log_softmax
 
 
@@ -82,12 +83,7 @@ class DraftProposer:
 
     def _catch_up(self, history: Sequence[int]) -> np.ndarray | None:
         """Bring the draft's KV to ``history``; the logits after it (None: it cannot)."""
-        common = 0
-        for ours, theirs in zip(self.fed, history, strict=False):
-            if ours != theirs:
-                break
-            common += 1
-        common = min(common, len(history) - 1)  # at least one token to run for the logits
+        common = shared_prefix(self.fed, np.asarray(history, np.int64))  # one left to run
         try:
             self.runner.truncate(common)
         except ValueError:  # a sliding window released a block the rollback needs
