@@ -113,9 +113,8 @@ def models_file(path: str, args: argparse.Namespace) -> list[tuple[str, argparse
         where = f"--models {path}, line {number}: "
         line = _line_parser(where[:-2]).parse_args(words)
         theirs = [n for n, value in blank.items() if n not in ours and getattr(line, n) != value]
-        endpoint_flag = theirs[0] if theirs else None
-        if endpoint_flag is not None:
-            flag = "--" + endpoint_flag.replace("_", "-")
+        if theirs:
+            flag = "--" + theirs[0].replace("_", "-")
             raise UsageError(f"{where}{flag} is the endpoint's: give it on the command line")
         line.model_source = line.model
         lines.append((where, line))

@@ -72,7 +72,8 @@ class Endpoint:
         served = ", ".join(self.models)
         if name is None:
             return error_response(ApiError(400, f"model is required here: this endpoint serves "
-                                           f"several models ({served})", "model"))  # fmt: skip
+                                           f"several models ({served}); name one in the body, "
+                                           "or as ?model= on a GET", "model"))  # fmt: skip
         return error_response(ApiError(404, f"model {name!r} is not served here; serving "
                                        f"{served}", "model", code="model_not_found"))  # fmt: skip
 
