@@ -21,14 +21,23 @@ ROUTERS = ("prefix", "power-of-two", "round-robin")
 BLOCK_CHARS = 64  # ~16 tokens of English text: finer than the KV blocks it stands for
 
 
+def read_json(body: bytes) -> Any:
+    """A request body's JSON value (None: empty, or not JSON; the replica says why)."""
+    try:
+        return json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        return None
+
+
 def prompt_text(path: str, body: bytes) -> str:
+    """The text a request's prompt starts with (:func:`prompt_of` its body's JSON)."""
+    return prompt_of(path, read_json(body))
+
+
+def prompt_of(path: str, data: Any) -> str:
     """The text a request's prompt starts with, as far as the router cares: chat messages as
     role-tagged text, a completion's (first) prompt; empty for other routes or a body the
-    replica will refuse anyway."""
-    try:
-        data = json.loads(body) if body else None
-    except (ValueError, RecursionError):
-        return ""
+    replica will refuse anyway.  ``data``: the body's JSON value."""
     if not isinstance(data, dict):
         return ""
     if path.endswith("/chat/completions"):

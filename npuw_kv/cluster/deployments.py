@@ -51,8 +51,8 @@ class ModelReplica:
         model = spec.model
         if spec.zero_points != "genai":  # as the command line does: the fixed IR, made here
             model = str(resolve_model(model, zero_points=spec.zero_points))
-        self.device = resolve_device(spec.device)  # "auto": this machine's NPU, else its CPU
-        self.pipe = LLMPipeline(model, self.device, **spec.pipeline)
+        device = resolve_device(spec.device)  # "auto": this machine's NPU, else its CPU
+        self.pipe = LLMPipeline(model, device, **spec.pipeline)
         if spec.chat_template is not None:
             self.pipe.get_tokenizer().set_chat_template(spec.chat_template)
         live = int(self.pipe.kv_stats()["max_live_sequences"])

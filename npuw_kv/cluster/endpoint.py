@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..serve.api_error import ApiError, error_response, sse
-from .affinity import prompt_text
+from .affinity import prompt_of, read_json
 from .board import STALE_S, board
 from .forward import Forwarded
 from .metrics_merge import merge_metrics
@@ -48,6 +48,7 @@ class Endpoint:
             return await self._metrics()
         client = request.scope.get("client")
         body = await request.body()
+        data = read_json(body)  # read once: for the router's key and for the model named
         forwarded = Forwarded(
             method=request.method,
             path=path,
@@ -55,11 +56,11 @@ class Endpoint:
             headers=tuple((k, v) for k, v in request.scope["headers"]),
             body=body,
             client=tuple(client) if client else None,
-            key=prompt_text(path, body),
+            key=prompt_of(path, data),
         )
         if len(self.models) > 1 and path in ("/v1/models", "/health"):
             return await self._all(forwarded)
-        name = requested_model(forwarded)
+        name = requested_model(data, forwarded.query)
         if name in self.models:
             return await relay(self.models[name], forwarded)
         first = next(iter(self.models.values()))
@@ -103,16 +104,12 @@ class Endpoint:
         return Response(json.dumps(merged), status_code=status, media_type="application/json")
 
 
-def requested_model(forwarded: Forwarded) -> str | None:
-    """The ``model`` a request names: its JSON body's, else its query string's (for the
-    ``GET`` routes); None when it names none."""
-    try:
-        data = json.loads(forwarded.body) if forwarded.body else None
-    except (ValueError, RecursionError):
-        data = None
+def requested_model(data: Any, query: bytes) -> str | None:
+    """The ``model`` a request names: its JSON body's (``data``), else its query string's
+    (for the ``GET`` routes); None when it names none."""
     if isinstance(data, dict) and isinstance(data.get("model"), str):
         return str(data["model"])
-    given = parse_qs(forwarded.query.decode("latin-1")).get("model")
+    given = parse_qs(query.decode("latin-1")).get("model")
     return given[0] if given else None
 
 
