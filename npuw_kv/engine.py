@@ -104,7 +104,14 @@ class Engine:
             adapters = given.adapters.get_adapters() if given.adapters else []
             with family_named(model_dir):  # a graph we cannot take: which family
                 built = build_runner(
-                    self.core, model_dir, ir, self.config, kv_capacity, settings, adapters
+                    self.core,
+                    model_dir,
+                    ir,
+                    self.config,
+                    kv_capacity,
+                    settings,
+                    adapters,
+                    tree_mask=plan[0] == "draft_model",  # a draft's tree checked in one call
                 )
             del ir  # the device holds its own copy of the graph now
         self.runner: Runner = built.runner

@@ -102,8 +102,6 @@ def test_round_trip_of_every_field_through_genai():
 @pytest.mark.parametrize(
     ("name", "value", "reason"),
     [
-        ("tree_depth", 2, "tree search"),
-        ("branching_factor", 2, "tree search"),
         ("parsers", [openvino_genai.Llama3JsonToolParser()], "parsers"),
         ("return_omni_outputs", True, "omni"),
         ("pruning_ratio", 30, "CDPruner"),
@@ -118,6 +116,39 @@ def test_unsupported_fields_are_refused_by_name(name, value, reason):
     setattr(theirs, name, value)
     with pytest.raises(ValueError, match=name):
         GenerationConfig.build(theirs).validate()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tree_depth": 2, "num_assistant_tokens": 5, "branching_factor": 3},
+        {"tree_depth": 2, "num_assistant_tokens": 5, "do_sample": True},
+        {"tree_depth": 2, "num_assistant_tokens": 5, "num_beams": 2},
+        {"tree_depth": 2, "num_assistant_tokens": 5, "branching_factor": 0},
+        {"tree_depth": 3, "num_assistant_tokens": 2},
+        {"tree_depth": 2},
+        {"tree_depth": 0, "branching_factor": 4},
+    ],
+)
+def test_tree_search_fields_validate_as_genai(fields):
+    """Tree search's rules (npuw_kv/generation/draft_tree.py) are genai's: a config is refused
+    by ``validate()`` exactly when genai's refuses it."""
+    theirs = openvino_genai.GenerationConfig()
+    theirs.max_new_tokens = 4
+    for name, value in fields.items():
+        setattr(theirs, name, value)
+    try:
+        theirs.validate()
+        refused = False
+    except RuntimeError:
+        refused = True
+    ours = GenerationConfig(max_new_tokens=4, **fields)
+    if refused:
+        with pytest.raises(ValueError):
+            ours.validate()
+    else:
+        ours.validate()
+    assert ours.is_tree_search() == theirs.is_tree_search()
 
 
 @pytest.mark.parametrize(

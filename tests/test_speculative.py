@@ -110,6 +110,60 @@ def test_draft_model_gives_greedy_tokens(request, greedy, code_ids, draft):
     pipe.runner.blocks.check_invariants()
 
 
+def test_tree_verify_gives_each_node_its_own_path(good_draft, text_ids):
+    """One call over a tree of candidates (the qq_bias mask): each node's logits are those of
+    its own path run as a chain, its siblings unseen."""
+    runner = good_draft.runner
+    assert runner.takes_trees and good_draft.engine.assisted.draft.takes_trees
+    ids = np.array(text_ids(40))
+    a, b1, b2, c = text_ids(44)[40:]
+    runner.prefill(ids)
+    tree = runner.verify([a, b1, b2, c], [-1, 0, 0, 2])
+    runner.truncate(len(ids))
+    chain = runner.verify([a, b2, c])
+    np.testing.assert_allclose(tree[[0, 2, 3]], chain, atol=1e-3)
+    runner.truncate(len(ids))
+    assert np.abs(runner.verify([a, b1, b2, c])[3] - chain[2]).max() > 0.1  # unmasked: not
+    runner.blocks.check_invariants()
+
+
+@pytest.mark.parametrize("draft", ["good_draft", "bad_draft"])
+@pytest.mark.parametrize(("depth", "branching", "size"), [(3, 2, 6), (1, 4, 4), (4, 1, 10)])
+def test_tree_search_gives_greedy_tokens(
+    request, plain, greedy, code_ids, draft, depth, branching, size
+):
+    """Tree search (genai's ``tree_depth`` / ``branching_factor``): greedy's tokens, the cache
+    left as plain decoding leaves it or shorter, never a candidate's KV (a continuation that
+    reuses it gives plain decoding's tokens)."""
+    pipe = request.getfixturevalue(draft)
+    want = greedy[:24]
+    args = {"tree_depth": depth, "branching_factor": branching, "num_assistant_tokens": size}
+    got = pipe.generate(code_ids, max_new_tokens=24, ignore_eos=True, **args)
+    assert got.tokens == want
+    stats = pipe.kv_stats()["speculative"]
+    assert stats["verify_calls"] + stats["accepted"] == 23
+    if draft == "good_draft":  # the draft's first path is the answer: every call takes depth
+        assert stats["verify_calls"] <= -(-23 // (depth + 1)) + 1
+    pipe.runner.blocks.check_invariants()
+    cached = pipe.kv_stats()["tokens_in_cache"]
+    assert len(code_ids) <= cached <= len(code_ids) + 23
+    follow = code_ids + got.tokens
+    more = pipe.generate(follow, max_new_tokens=6, ignore_eos=True, **args).tokens
+    assert more == plain.generate(follow, max_new_tokens=6, ignore_eos=True).tokens
+
+
+def test_tree_search_refusals(lookup, good_draft, code_ids):
+    with pytest.raises(ValueError, match="tree_depth=2 .*draft model"):
+        lookup.generate(code_ids, max_new_tokens=4, tree_depth=2, **LOOKUP)
+    with pytest.raises(ValueError, match="tree search .* cannot sample"):
+        good_draft.generate(code_ids, max_new_tokens=4, tree_depth=2, do_sample=True)
+    with pytest.raises(ValueError, match=r"num_assistant_tokens \(2\) must be >= tree_depth"):
+        good_draft.generate(code_ids, max_new_tokens=4, tree_depth=3, num_assistant_tokens=2)
+    with pytest.warns(RuntimeWarning, match="branching_factor=3 has no effect"):
+        good_draft.generate(code_ids, max_new_tokens=2, branching_factor=3)
+    assert len(good_draft.generate(code_ids, max_new_tokens=3).tokens) == 3  # still usable
+
+
 def test_draft_confidence_threshold(greedy, good_draft, code_ids):
     want = greedy[:16]
     config = openvino_genai.GenerationConfig()

@@ -30,11 +30,8 @@ NUMBERS = (
     "temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "length_penalty", "diversity_penalty", "assistant_confidence_threshold",
 )  # fmt: skip
-_TREE = "tree search (EAGLE speculative decoding) is not implemented"
 # field -> (its default, why a non-default value is refused)
 REFUSED: dict[str, tuple[Any, str]] = {
-    "tree_depth": (0, _TREE),
-    "branching_factor": (1, _TREE),
     "parsers": ([], "output parsers are not supported: run the parser on the result's text"),
     "return_omni_outputs": (False, "omni (speech) outputs need openvino_genai's omni pipeline"),
     "pruning_ratio": (0, "CDPruner visual-token pruning is for vision-language pipelines"),
@@ -148,6 +145,8 @@ def check_values(config: Any) -> None:
     elif config.num_beams < 1:
         raise UsageError(f"num_beams must be >= 1, got {config.num_beams}")
     _check_assisted(config)
+    if config.tree_depth > 0:
+        _check_tree(config)
     for name, (default, why) in REFUSED.items():
         value = getattr(config, name)
         if value != default:
@@ -235,6 +234,22 @@ def _check_beams(config: Any) -> None:
             "diversity_penalty applies between beam groups: set it != 0 with "
             f"num_beam_groups > 1 and 0 otherwise (got {config.diversity_penalty}, "
             f"num_beam_groups={groups})"
+        )
+
+
+def _check_tree(config: Any) -> None:
+    """Tree search's fields (genai's rules; npuw_kv/generation/draft_tree.py)."""
+    if config.do_sample:
+        raise UsageError("tree search (tree_depth > 0) cannot sample: set do_sample=False")
+    if config.num_beams != 1:
+        raise UsageError("tree search (tree_depth > 0) is not beam search: set num_beams=1")
+    if config.branching_factor < 1:
+        raise UsageError("branching_factor must be > 0 when tree_depth > 0")
+    tokens = config.num_assistant_tokens or 0
+    if tokens < config.tree_depth:
+        raise UsageError(
+            f"num_assistant_tokens ({tokens}) must be >= tree_depth ({config.tree_depth}): "
+            "at least one node per layer of the tree"
         )
 
 

@@ -63,9 +63,11 @@ class GenerationConfig:
     num_assistant_tokens: int | None = None
     max_ngram_size: int = 0
     assistant_confidence_threshold: float = 0.0
-    tree_depth: int = 0  # this and the last four: refused off their defaults (config_checks)
+    # tree search: a draft's tree of candidates (npuw_kv/generation/draft_tree.py)
+    tree_depth: int = 0
     branching_factor: int = 1
     adapters: Any = None
+    # these four: refused off their defaults (config_checks)
     parsers: list[Any] = field(default_factory=list)
     return_omni_outputs: bool = False
     pruning_ratio: int = 0

@@ -2,7 +2,8 @@
 
 :class:`PromptLookup` copies what followed the latest earlier occurrence of the text's last
 n-gram (prompt + answer); :class:`DraftProposer` lets a small draft model run ahead greedily
-over its own KV cache.  Both answer ``propose(history, k)`` with at most k tokens.
+over its own KV cache.  Both answer ``propose(history, k)`` with at most k tokens; the draft
+also grows a tree of them (``propose_tree``, :mod:`~npuw_kv.generation.draft_tree`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from ..api.speculative_metrics import ModelCalls
 from ..runtime.runner import Runner
 from ..runtime.static.prompt_reuse import shared_prefix
+from .draft_tree import CandidateTree, grow_tree
 from .logits_process import log_softmax
 
 
@@ -81,6 +83,32 @@ class DraftProposer:
                 self.fed.append(token)
         return out
 
+    def propose_tree(
+        self, history: Sequence[int], depth: int, branching: int, size: int
+    ) -> CandidateTree:
+        """At most ``size`` candidates in a tree at most ``depth`` deep (``draft_tree``).  Each
+        layer runs the draft once, over the paths to the nodes it grows, after ``history``'s
+        KV; what those calls wrote is dropped before the next one and at the end."""
+        logits = self._catch_up(history)
+        if logits is None or size < 1 or depth < 1:
+            return CandidateTree((), ())
+        past = len(history)
+
+        def expand(paths: CandidateTree) -> np.ndarray:
+            self.runner.truncate(past)
+            if len(paths) > min(self.runner.chunk, self.runner.remaining_capacity):
+                raise _TooBig
+            return self.timing.run(self.runner.verify, paths.tokens, paths.parents)
+
+        # each layer's call holds its kept nodes' paths: at most branching x (depth - 1)
+        depth = min(depth, self.runner.remaining_capacity + 1)
+        try:
+            tree = grow_tree(logits, expand, depth, branching, size)
+        except _TooBig:  # the draft's cache or chunk cannot hold a layer: a shallower tree
+            tree = grow_tree(logits, expand, 1, branching, size)
+        self.runner.truncate(past)
+        return tree
+
     def _catch_up(self, history: Sequence[int]) -> np.ndarray | None:
         """Bring the draft's KV to ``history``; the logits after it (None: it cannot)."""
         common = shared_prefix(self.fed, np.asarray(history, np.int64))  # one left to run
@@ -98,6 +126,10 @@ class DraftProposer:
             return None
         self.fed = list(history)
         return logits
+
+
+class _TooBig(Exception):
+    """A layer's paths do not fit the draft's chunk or cache."""
 
 
 CandidateSource = PromptLookup | DraftProposer

@@ -120,7 +120,8 @@ def build_draft(
     path = resolve_model(draft.path, zero_points=config.gguf_zero_points)
     core = ov.Core()
     capacity = config.kv_capacity(trained_context(path))
-    built = build_runner(core, path, read_ir(core, path), config, capacity, merged)
+    # the tree mask: tree search grows its layers over the draft's cache in one call each
+    built = build_runner(core, path, read_ir(core, path), config, capacity, merged, tree_mask=True)
     if not built.config.paged:  # PagedAttention did not compile: auto fell back
         raise UsageError(f"draft_model: {SPECULATIVE_PATH}")
     return built.runner, built.vocab_size

@@ -20,7 +20,6 @@ strings, EOS, budgets, penalties, structured output and the streamer see one tok
 from __future__ import annotations
 
 import warnings
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
@@ -34,6 +33,7 @@ from ..errors import UsageError
 from ..runtime.runner import SPECULATIVE_PATH, CacheInfo, ChunkHook, Runner
 from .candidates import CandidateSource, DraftProposer, PromptLookup
 from .draft import DraftModel, build_draft, resolve_draft
+from .draft_tree import CandidateTree, in_place
 
 DEFAULT_ASSISTANT_TOKENS = 5  # genai's when a draft model is given and neither field is set
 # with assistant_confidence_threshold the draft stops at its first unsure token, or here
@@ -76,16 +76,22 @@ class SpeculativeRunner(Runner):
         num_candidates: int,
         budget: Callable[[int], int | None],
         stats: SpeculativeStats,
+        tree: tuple[int, int] | None = None,
     ) -> None:
+        """``tree``: (depth, branching) of the draft's candidate tree; None: a chain."""
         self._runner = runner
         self.source = source
         self.num_candidates = num_candidates
         self._budget = budget  # prompt length -> new-token budget (None: none)
         self.counts = stats
+        self.tree_shape = tree
         self.history: list[int] = []
         self._prompt = 0
-        self._pending: deque[tuple[int, np.ndarray]] = deque()
-        self._proposed: list[int] = []
+        # the candidates of the last call, their logits, and the nodes accepted so far
+        self._tree = CandidateTree((), ())
+        self._rows = np.empty((0, 0), np.float32)
+        self._path: list[int] = []
+        self._base = 0  # history tokens before the tree (its node i is cached at base + i)
         self.main_calls = ModelCalls()  # each main-model call: its time, the tokens it gave
 
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
@@ -99,53 +105,86 @@ class SpeculativeRunner(Runner):
         logits = self.main_calls.run(prefill, ids, hook)
         self.history = [int(t) for t in np.asarray(ids).reshape(-1)]
         self._prompt = len(self.history)
-        self._pending.clear()
+        self._drop_tree()
         self.source.start(self.history)
         return logits
 
     def step(self, token: int) -> np.ndarray:
         token = int(token)
-        if self._pending and self._pending[0][0] == token:
+        at = self._path[-1] if self._path else -1
+        child = self._tree.child(at, token)
+        if child is not None:
             self.history.append(token)
+            self._path.append(child)
             self.counts.accepted += 1
             self.main_calls.took_another()
-            return self._pending.popleft()[1]
-        if self._pending:  # the sampler chose another token: the rest is rejected
-            self._pending.clear()
-            self._runner.truncate(len(self.history))
+            return self._rows[child]
+        # the sampler left the tree: keep the KV of what it accepted in place, feed the rest
+        cached = self._in_place()
+        self._drop_tree()
+        self._runner.truncate(cached)
         self.history.append(token)
-        rows = self.main_calls.run(self._runner.verify, [token, *self._candidates()])
+        fed = self.history[cached:]
+        tree = self._candidates(len(fed))
+        chain = tree.is_chain
+        parents = None if chain else [*range(-1, len(fed) - 1), *self._offset(tree, len(fed))]
+        rows = self.main_calls.run(self._runner.verify, [*fed, *tree.tokens], parents)
         self.counts.verify_calls += 1
-        self.counts.candidates += rows.shape[0] - 1
-        self._pending.extend(zip(self._proposed, rows[1:], strict=True))
-        return rows[0]
+        self.counts.candidates += len(tree)
+        self._tree, self._rows, self._base = tree, rows[len(fed) :], len(self.history)
+        return rows[len(fed) - 1]
 
-    def _candidates(self) -> list[int]:
+    @staticmethod
+    def _offset(tree: CandidateTree, fed: int) -> list[int]:
+        """The tree's parents within a call that first feeds ``fed`` tokens (its root the
+        last of them)."""
+        return [fed - 1 if p < 0 else fed + p for p in tree.parents]
+
+    def _in_place(self) -> int:
+        """History tokens whose KV the main model holds where plain decoding would."""
+        if not len(self._tree):
+            return len(self.history)
+        return self._base + in_place(self._path)
+
+    def _drop_tree(self) -> None:
+        self._tree, self._path = CandidateTree((), ()), []
+
+    def _candidates(self, fed: int) -> CandidateTree:
         """At most as many as can still be used: within the budget (the last token of an
-        answer is never fed), the KV cache and one chunk."""
+        answer is never fed), the KV cache and one chunk, after the ``fed`` tokens the call
+        feeds first."""
         budget = self._budget(self._prompt)
-        k = min(self.num_candidates, self._runner.remaining_capacity - 1, self.chunk - 1)
+        k = min(self.num_candidates, self._runner.remaining_capacity - fed, self.chunk - fed)
+        depth = k
         if budget is not None:
-            k = min(k, budget - (len(self.history) - self._prompt) - 1)
-        self._proposed = self.source.propose(self.history, k)[: max(k, 0)] if k > 0 else []
-        return self._proposed
+            depth = min(k, budget - (len(self.history) - self._prompt) - 1)
+        if k <= 0 or depth <= 0:
+            return CandidateTree((), ())
+        if self.tree_shape is not None and isinstance(self.source, DraftProposer):
+            deepest, branching = self.tree_shape
+            return self.source.propose_tree(self.history, min(deepest, depth), branching, k)
+        return CandidateTree.chain(self.source.propose(self.history, depth)[:depth])
 
     def finish(self) -> None:
         """Drop the candidates the answer did not use, so the cache holds what plain decoding
-        leaves (the prompt and every answer token but the last) and nothing else."""
-        if self._pending:
-            self._pending.clear()
-            self._runner.truncate(len(self.history))
+        leaves (the prompt and every answer token but the last, less accepted tree nodes
+        cached out of place) and nothing else."""
+        if len(self._tree):
+            cached = self._in_place()
+            self._drop_tree()
+            self._runner.truncate(min(cached, len(self.history)))
         if isinstance(self.source, DraftProposer):
             self.counts.draft_calls = self.source.calls
 
     @property
     def tokens_in_cache(self) -> int:
-        return self._runner.tokens_in_cache - len(self._pending)
+        """The sequence's tokens the cache holds or will hold when they are fed (accepted tree
+        nodes cached out of place are fed again), less unused candidates."""
+        return min(self._runner.tokens_in_cache, len(self.history))
 
     @property
     def remaining_capacity(self) -> int:
-        return self._runner.remaining_capacity + len(self._pending)
+        return self._runner.remaining_capacity + self._runner.tokens_in_cache - self.tokens_in_cache
 
     # -- the rest of the Runner contract: the wrapped runner's ----------------------------------
     @property
@@ -159,6 +198,10 @@ class SpeculativeRunner(Runner):
     @property
     def max_prompt_len(self) -> int:  # type: ignore[override]
         return self._runner.max_prompt_len
+
+    @property
+    def takes_trees(self) -> bool:  # type: ignore[override]
+        return self._runner.takes_trees
 
     @property
     def kv_binding(self) -> str:  # type: ignore[override]
@@ -188,8 +231,8 @@ class SpeculativeRunner(Runner):
     def host_bytes_copied(self) -> int:
         return self._runner.host_bytes_copied
 
-    def verify(self, tokens: Sequence[int]) -> np.ndarray:
-        return self._runner.verify(tokens)
+    def verify(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> np.ndarray:
+        return self._runner.verify(tokens, parents)
 
     def truncate(self, length: int) -> None:
         self._runner.truncate(length)
@@ -213,6 +256,7 @@ def assisted_fields(config: GenerationConfig) -> list[str]:
             ("num_assistant_tokens", (None, 0)),
             ("max_ngram_size", (0,)),
             ("assistant_confidence_threshold", (0.0,)),
+            ("tree_depth", (0,)),
         )
         if getattr(config, name) not in unset
     ]
@@ -222,6 +266,13 @@ def check_config(config: GenerationConfig, mode: str | None) -> None:
     """Refuse, by name, what the pipeline's mode (None, "prompt_lookup", "draft_model")
     cannot honour in ``config``."""
     given = assisted_fields(config)
+    if config.branching_factor != 1 and not config.tree_depth:
+        warnings.warn(
+            f"branching_factor={config.branching_factor} has no effect without tree_depth > 0 "
+            "(tree search)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
     if mode is None:
         if given:  # as genai: speculation changes no token, so without it the call decodes
             warnings.warn(
@@ -238,6 +289,11 @@ def check_config(config: GenerationConfig, mode: str | None) -> None:
                 f"{name}={getattr(config, name)} is not compatible with {mode} (one sequence "
                 "is verified at a time)"
             )
+    if config.tree_depth and mode != "draft_model":
+        raise UsageError(
+            f"tree_depth={config.tree_depth} (tree search) grows its tree with a draft model: "
+            "build the pipeline with draft_model=, or set tree_depth=0"
+        )
     if mode == "prompt_lookup":
         if not config.num_assistant_tokens or not config.max_ngram_size:
             raise UsageError(
@@ -336,8 +392,23 @@ class Assisted:
         else:
             source = DraftProposer(self.draft, threshold)
         self.last = SpeculativeStats(self.mode)
-        self._current = SpeculativeRunner(runner, source, count, config.new_token_budget, self.last)
+        tree = (config.tree_depth, config.branching_factor) if config.tree_depth else None
+        if tree is not None:
+            self._check_trees(runner)
+        self._current = SpeculativeRunner(
+            runner, source, count, config.new_token_budget, self.last, tree
+        )
         return self._current
+
+    def _check_trees(self, runner: Runner) -> None:
+        """Refuse tree search where a model cannot check a tree in one call."""
+        for name, r in (("the model", runner), ("the draft model", self.draft)):
+            if r is None or not r.takes_trees:
+                raise UsageError(
+                    f"tree_depth > 0 (tree search): {name}'s paged form takes no tree mask "
+                    "(its linear-attention layers would run the branches as one sequence): "
+                    "set tree_depth=0"
+                )
 
     def finish(self) -> None:
         if self._current is not None:

@@ -61,13 +61,15 @@ def state_ops(model: ov.Model) -> dict[str, list[str]]:
     }
 
 
-def make_paged(model: ov.Model, full_logits: bool = False) -> ov.Model:
+def make_paged(model: ov.Model, full_logits: bool = False, tree_mask: bool = False) -> ov.Model:
     """Rewrite ``model`` (stateful, in place) to PagedAttention with last-token logits.
 
-    ``full_logits`` keeps the LM head on every token (perplexity only, as in ``prepare``).
+    ``full_logits`` keeps the LM head on every token (perplexity only, as in ``prepare``);
+    ``tree_mask`` adds the query-to-query mask inputs that check a tree of candidates in one
+    call (``runtime/paged/tree_mask.py``; speculative decoding's tree search).
     """
     try:
-        paged_attention_transformation(model, False, False)
+        paged_attention_transformation(model, False, False, allow_qq_bias=tree_mask)
     except RuntimeError as exc:
         raise ModelLayoutError(f"cannot rewrite the model to PagedAttention: {exc}") from exc
     if not cache_inputs(model):

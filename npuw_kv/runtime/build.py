@@ -82,19 +82,22 @@ def build_runner(
     kv_capacity: int,
     settings: Mapping[str, Any],
     adapters: Sequence[Adapter] = (),
+    tree_mask: bool = False,
 ) -> Built:
     """Rewrite ``ir`` (in place) for the attention backend, compile it, bind the KV cache.
 
     ``settings``: what the user passed, named in error messages.  ``adapters``: LoRA adapters
     put into the graph after the backend's rewrites (they cut the LM head, which the adapters
-    then never see), switched by alpha at run time.
+    then never see), switched by alpha at run time.  ``tree_mask``: the paged model takes a
+    tree of candidates in one call (speculative decoding; not where linear-attention states
+    would run the tree's branches as one sequence).
     """
     hybrid = other_states(ir)  # linear-attention state: the paged path holds it
     build = _Builder(core, config, settings)
     wide = wide_activations(model_dir)
     decided = decide(core, config, wide)  # every ``auto``, once
     if decided.paged:
-        paged = make_paged(ir, config.full_prefill_logits)
+        paged = make_paged(ir, config.full_prefill_logits, tree_mask and not hybrid)
         refuse_unpaged_states(paged)
         refuse_positions_from_cache_length(positions_from_cache_length(paged))
         lora = apply_lora(paged, adapters) if adapters else None

@@ -52,6 +52,7 @@ class Runner(ABC):
     # the prefill -> generate switch (0 by design)
     prefill_copied_bytes: int
     switch_copied_bytes: int
+    takes_trees: bool = False  # verify(tokens, parents) checks a tree of candidates
 
     def check_prompt(self, tokens: int) -> None:
         """Refuse a prompt of ``tokens`` tokens this runner cannot take (empty, or longer than
@@ -75,9 +76,11 @@ class Runner(ABC):
         return self.prefill(ids, on_rows)
 
     # speculative decoding (npuw_kv/generation/speculative.py): only the PagedAttention runner
-    # verifies; the static runner also truncates (its beams, generation/beams_alone.py)
-    def verify(self, tokens: Sequence[int]) -> np.ndarray:
-        """Feed ``tokens`` in one call; the logits after each of them, ``[n, vocab]``."""
+    # verifies (trees too where its model was built with a tree mask); the static runner also
+    # truncates (its beams, generation/beams_alone.py)
+    def verify(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> np.ndarray:
+        """Feed ``tokens`` in one call; the logits after each of them, ``[n, vocab]``.
+        ``parents``: the tokens are a tree, each after its parent (-1: after the cache)."""
         raise ValueError(SPECULATIVE_PATH)
 
     def truncate(self, length: int) -> None:

@@ -260,6 +260,23 @@ class PagedPools:
                 self.blocks.grow_primary(key, blocks)
         self.plan = replace(self.plan, primary=primary)
 
+    def table(self, seq: Hashable, window: int, blocks: int) -> np.ndarray:
+        """Window ``window``'s block table of sequence ``seq``, its first ``blocks`` blocks.
+
+        A sliding-window layer's blocks before its window are detached (the manager gives
+        -1).  The kernel still reads a block for each table entry and masks those outside the
+        window, so any block whose bytes are finite will do: they point at the first block
+        the sequence still holds, and the pool needs no spare block for them.
+        """
+        table = np.array(self.blocks.block_table(seq, window)[:blocks], np.int32)
+        detached = table < 0
+        if detached.any():
+            held = table[~detached]
+            if held.size == 0:
+                raise AssertionError(f"window {window}: every block of the sequence detached")
+            table[detached] = held[0]
+        return table
+
     def new_manager(self) -> KVBlockManager:
         """Slots for exactly the cache's blocks; the bytes stay in the cache tensors."""
         config = BlockManagerConfig(

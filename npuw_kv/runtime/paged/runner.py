@@ -36,6 +36,7 @@ from ...kv.paged_cache import HostTier, PagedKVCache, PoolPlan
 from ...model.paged_rewrite import LOGITS_ROWS
 from ..runner import ChunkHook, Runner
 from .pools import PagedPools
+from .tree_mask import TREE_MASK, mask_inputs, positions
 
 #: retention priority of a chat's system prompt blocks (the manager's default is 35, max 100)
 SYSTEM_PRIORITY = 90
@@ -68,9 +69,10 @@ class PagedRunner(Runner):
         host tier, where blocks evicted from the pools go; ``shares`` (parsed, from the
         setting ``shares_source``): how the room and the host tier split between windows."""
         self.request = request
-        self._rows_input = any(
-            LOGITS_ROWS in i.get_names() for i in request.get_compiled_model().inputs
-        )
+        names = {n for i in request.get_compiled_model().inputs for n in i.get_names()}
+        self._rows_input = LOGITS_ROWS in names
+        # the model checks a tree of candidates in one call (verify with parents)
+        self.takes_trees = TREE_MASK in names
         self.kv_binding = "paged"
         # the device writes every token's KV into the cache in place: the host copies none
         # (only a prefix hit on a sliding-window block a live sequence holds moves a block,
@@ -187,23 +189,6 @@ class PagedRunner(Runner):
         }
 
     # -- phases ------------------------------------------------------------------------------
-    def table(self, seq: Hashable, window: int, blocks: int) -> np.ndarray:
-        """Window ``window``'s block table of sequence ``seq``, its first ``blocks`` blocks.
-
-        A sliding-window layer's blocks before its window are detached (the manager gives
-        -1).  The kernel still reads a block for each table entry and masks those outside the
-        window, so any block whose bytes are finite will do: they point at the first block
-        the sequence still holds, and the pool needs no spare block for them.
-        """
-        table = np.array(self.blocks.block_table(seq, window)[:blocks], np.int32)
-        detached = table < 0
-        if detached.any():
-            held = table[~detached]
-            if held.size == 0:
-                raise AssertionError(f"window {window}: every block of the sequence detached")
-            table[detached] = held[0]
-        return table
-
     def release(self) -> None:
         """End the lone sequence of :meth:`prefill` / :meth:`step`, if one is live: its full
         blocks stay cached (the scheduler runs its own sequences)."""
@@ -232,6 +217,7 @@ class PagedRunner(Runner):
         parts: Sequence[tuple[Hashable, np.ndarray, int]],
         rows: int | Sequence[int] = 1,
         per_token: bool = False,
+        parents: Sequence[int] | None = None,
     ) -> np.ndarray:
         """One call over the new tokens of several sequences, a subsequence each: ``parts``
         are ``(sequence, its new ids, tokens it has cached)``.  The logits of each part's last
@@ -239,23 +225,24 @@ class PagedRunner(Runner):
         runs on those only); where the model keeps the head on every token
         (``full_prefill_logits``), every token's.  The array is the request's own: copy what
         must outlive the next call.  ``per_token``: a hybrid model keeps the state after each
-        token apart (a speculative verify, which :meth:`truncate` may cut back)."""
+        token apart (a speculative verify, which :meth:`truncate` may cut back).  ``parents``
+        (one part only): its tokens are a tree, each attending to the cache and its ancestors
+        (``runtime/paged/tree_mask.py``)."""
         lengths = [int(ids.size) for _, ids, _ in parts]
         pasts = [past for _, _, past in parts]
         totals = [past + n for past, n in zip(pasts, lengths, strict=True)]
         ends = np.cumsum(lengths)
         blocks = [self.cache.blocks_for(total) for total in totals]
+        seqs = [seq for seq, _, _ in parts]
         tables = {
             name: np.concatenate(
-                [self.table(seq, key, n) for (seq, _, _), n in zip(parts, blocks, strict=True)]
+                [self.memory.table(seq, key, n) for seq, n in zip(seqs, blocks, strict=True)]
             )
             for key, name in self.memory.table_inputs.items()
         }
         inputs = {
             "input_ids": np.concatenate([np.asarray(ids, np.int64) for _, ids, _ in parts]),
-            "position_ids": np.concatenate(
-                [np.arange(p, t, dtype=np.int64) for p, t in zip(pasts, totals, strict=True)]
-            ),
+            "position_ids": positions(pasts, lengths, parents),
             "past_lens": np.array(pasts, np.int32),
             "subsequence_begins": np.concatenate([[0], ends]).astype(np.int32),
             "block_indices_begins": np.concatenate([[0], np.cumsum(blocks)]).astype(np.int32),
@@ -266,6 +253,8 @@ class PagedRunner(Runner):
                 per_token,
             ),
         }
+        if self.takes_trees:
+            inputs.update(mask_inputs(len(parts), parents))
         if self._rows_input:
             counts = [rows] * len(parts) if isinstance(rows, int) else list(rows)
             inputs[LOGITS_ROWS] = np.concatenate(
@@ -301,10 +290,15 @@ class PagedRunner(Runner):
         return logits
 
     def _infer(
-        self, ids: np.ndarray, past: int, rows: int = 1, per_token: bool = False
+        self,
+        ids: np.ndarray,
+        past: int,
+        rows: int = 1,
+        per_token: bool = False,
+        parents: Sequence[int] | None = None,
     ) -> np.ndarray:
         """The lone sequence's call: ``[rows, vocab]`` (``[n, vocab]`` with full logits)."""
-        return self.run([(self._seq, ids, past)], rows, per_token)
+        return self.run([(self._seq, ids, past)], rows, per_token, parents)
 
     def prefill(self, ids: np.ndarray, on_chunk: ChunkHook | None = None) -> np.ndarray:
         """Run ``ids`` in chunks after the longest cached prefix; return the last logits.
@@ -357,22 +351,24 @@ class PagedRunner(Runner):
         return logits[-1].copy()
 
     # -- speculative decoding: several tokens checked in one call, the rejected ones dropped --
-    def verify(self, tokens: Sequence[int]) -> np.ndarray:
+    def verify(self, tokens: Sequence[int], parents: Sequence[int] | None = None) -> np.ndarray:
         """Feed ``tokens`` as one chunk; the logits after each of them, ``[n, vocab]``.
 
         Row i predicts the token after ``tokens[i]``: a speculative decoder compares it with
-        candidate i + 1.  The KV of every token is written; :meth:`truncate` drops what the
-        decoder rejects.
-        """
+        candidate i + 1.  The KV of every token is written, in the call's order; :meth:`truncate`
+        drops what the decoder rejects.  ``parents``: a tree (:mod:`.tree_mask`; the model must
+        take trees, :attr:`takes_trees`)."""
         ids = np.asarray(tokens, np.int64).reshape(-1)
         if not 0 < ids.size <= self.chunk:
             raise ValueError(f"verify takes 1 to {self.chunk} tokens, got {ids.size}")
+        if parents is not None and not self.takes_trees:
+            raise ValueError("this paged model takes no tree mask (built without tree_mask)")
         if self.remaining_capacity < ids.size:
             raise CapacityError.cache_full(self.capacity)
         past = self.tokens_in_cache
         with self.writing():
             self.blocks.add_tokens(self._seq, ids.tolist(), store=self.stores_generated)
-            logits = self._infer(ids, past, rows=int(ids.size), per_token=True)
+            logits = self._infer(ids, past, rows=int(ids.size), per_token=True, parents=parents)
         return logits[-ids.size :].copy()
 
     def truncate(self, length: int) -> None:
