@@ -25,6 +25,7 @@ SMOKED = {
     "bench_ray.py",
     "bench_static_beams.py",
     "bench_serve.py",
+    "bench_speculative.py",
     "demo_documents.py",
     "demo_serve_chat.py",
     "draw_kv_buffer.py",
@@ -62,6 +63,12 @@ def test_bench_blocks() -> None:
 def test_bench_lora() -> None:
     out = script("bench_lora.py", "--new-tokens", "4", "--repeats", "1", "--rank", "2")
     for line in ("base ", "alpha 1 ", "alpha 0 ", "switch "):
+        assert line in out, out
+
+
+def test_bench_speculative() -> None:
+    out = script("bench_speculative.py", "--new-tokens", "6", "--runs", "1", "--trees", "2x2x3")
+    for line in ("plain ", "chain 4 ", "tree 2x2x3 "):
         assert line in out, out
 
 
