@@ -182,7 +182,7 @@ class Engine:
     def fill_eos(self, config: GenerationConfig) -> None:
         """As genai: a config without an EOS takes the tokenizer's."""
         eos = self.tokenizer.get_eos_token_id()
-        if config.eos_token_id is None and eos >= 0:
+        if config.eos_token_id < 0 and eos >= 0:
             config.set_eos_token_id(eos)
 
     def admit(

@@ -81,8 +81,9 @@ def test_built_from_a_generation_config_json(tmp_path):
     config = GenerationConfig(path, top_k=5)
     assert (config.eos_token_id, config.stop_token_ids) == (2, {2, 32000})
     assert (config.max_new_tokens, config.do_sample, config.top_k) == (9, True, 5)
-    assert config.temperature == pytest.approx(0.6) and config.stop_criteria == "early"
     theirs = openvino_genai.GenerationConfig(str(path))
+    assert config.temperature == pytest.approx(0.6)
+    assert config.stop_criteria == theirs.stop_criteria == openvino_genai.StopCriteria.EARLY
     assert (theirs.eos_token_id, theirs.stop_token_ids) == (2, {2, 32000})
     with pytest.raises(ValueError, match="generation config .* not readable JSON"):
         (tmp_path / "bad.json").write_text("{")

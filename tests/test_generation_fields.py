@@ -96,7 +96,8 @@ def test_round_trip_of_every_field_through_genai():
     again = GenerationConfig.from_genai(theirs).to_genai()
     for name in genai_fields() - {"structured_output_config", "adapters"}:
         assert getattr(again, name) == getattr(theirs, name), name
-    assert GenerationConfig.build(ours, top_k=0).to_genai().top_k == SIZE_MAX  # both mean off
+    assert GenerationConfig.build(ours, top_k=0).to_genai().top_k == 0  # kept as given
+    assert GenerationConfig().to_genai().top_k == SIZE_MAX == GenerationConfig().top_k
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import openvino_genai
 import pytest
 
+from npuw_kv.api.config_checks import SIZE_MAX
 from npuw_kv.api.generation_config import GenerationConfig
 from npuw_kv.generation.sampling import Sampler
 
@@ -113,12 +115,17 @@ def test_a_fully_masked_row_is_an_error_not_a_token():
         Sampler(config).sample(np.array([1.0, 2.0, -np.inf], np.float32))
 
 
-def test_unset_limits_are_none_and_max_new_tokens_wins():
-    config = GenerationConfig()
-    assert config.max_new_tokens is None and config.new_token_budget(10) is None
+def test_unset_fields_read_genais_sentinels_and_max_new_tokens_wins():
+    """Every default is genai's, its "unset" sentinels included (None is taken for them)."""
+    ours, theirs = GenerationConfig(), openvino_genai.GenerationConfig()
+    for name in ("max_new_tokens", "max_length", "no_repeat_ngram_size", "top_k", "eos_token_id"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.stop_criteria == theirs.stop_criteria
+    assert ours.new_token_budget(10) is None
+    assert GenerationConfig(max_new_tokens=None).max_new_tokens == SIZE_MAX
+    assert GenerationConfig(eos_token_id=None).eos_token_id == -1
     assert GenerationConfig(max_length=15).new_token_budget(10) == 5
     assert GenerationConfig(max_length=15, max_new_tokens=2).new_token_budget(10) == 2
-    assert GenerationConfig(eos_token_id=-1).eos_token_id is None  # genai's unset
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])

@@ -24,7 +24,8 @@ UNSIGNED = (
     "logprobs", "num_return_sequences", "num_beams", "num_beam_groups", "num_assistant_tokens",
     "max_ngram_size", "tree_depth", "branching_factor",
 )  # fmt: skip
-_MAY_BE_NONE = (*UNSET_IS_SIZE_MAX, "rng_seed", "num_assistant_tokens")
+# size_t fields whose whole range a program may set (genai's SIZE_MAX sentinels among them)
+_FULL_RANGE = (*UNSET_IS_SIZE_MAX, "rng_seed", "top_k")
 BOOLS = ("do_sample", "ignore_eos", "apply_chat_template", "echo", "include_stop_str_in_output")
 NUMBERS = (
     "temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
@@ -51,21 +52,14 @@ def normalize(config: Any, merge_eos: bool = True) -> None:
         setattr(config, name, bool(value))
     for name in UNSIGNED:
         value = getattr(config, name)
-        if name in UNSET_IS_SIZE_MAX and value == SIZE_MAX:
-            value = None
-        elif name == "top_k" and value == SIZE_MAX:
-            value = 0  # genai's SIZE_MAX and our 0 both mean off
-        if value is not None or name not in (
-            *UNSET_IS_SIZE_MAX,
-            "rng_seed",
-            "num_assistant_tokens",
-        ):
-            value = _integer(name, value, 0, SIZE_MAX if name == "rng_seed" else INT64_MAX)
+        if name in UNSET_IS_SIZE_MAX and value is None:
+            value = SIZE_MAX  # genai's "unset", which a program reads back
+        if value is not None or name not in ("rng_seed", "num_assistant_tokens"):
+            value = _integer(name, value, 0, SIZE_MAX if name in _FULL_RANGE else INT64_MAX)
         setattr(config, name, value)
-    if config.eos_token_id is not None:
-        config.eos_token_id = _integer("eos_token_id", config.eos_token_id, -1, INT64_MAX)
-        if config.eos_token_id == -1:  # genai's "unset"
-            config.eos_token_id = None
+    if config.eos_token_id is None:
+        config.eos_token_id = -1  # genai's "unset"
+    config.eos_token_id = _integer("eos_token_id", config.eos_token_id, -1, INT64_MAX)
     for name in NUMBERS:
         value = getattr(config, name)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
@@ -73,9 +67,9 @@ def normalize(config: Any, merge_eos: bool = True) -> None:
         setattr(config, name, float(value))
     config.stop_strings = _string_set(config.stop_strings)
     config.stop_token_ids = _id_set(config.stop_token_ids)
-    if merge_eos and config.eos_token_id is not None:
+    if merge_eos and config.eos_token_id >= 0:
         config.stop_token_ids.add(config.eos_token_id)
-    config.stop_criteria = _criteria_name(config.stop_criteria)
+    config.stop_criteria = _criteria(config.stop_criteria)
     config.parsers = list(config.parsers or [])  # sets and lists are copies: none shared
     config.adapters = adapter_config(config.adapters)  # ours; genai's cannot be read
 
@@ -126,11 +120,19 @@ def _id_set(ids: Any) -> set[int]:
     return {int(i) for i in ids}
 
 
-def _criteria_name(value: Any) -> str:
-    name = getattr(value, "name", value)  # an openvino_genai.StopCriteria, or its name
-    if not isinstance(name, str) or name.lower() not in ("early", "heuristic", "never"):
-        raise UsageError(f"stop_criteria must be early, heuristic or never, got {value!r}")
-    return name.lower()
+def _criteria(value: Any) -> Any:
+    """genai's ``StopCriteria`` member for ``value`` (the member, or its name)."""
+    from openvino_genai import StopCriteria
+
+    name = getattr(value, "name", value)
+    if not isinstance(name, str) or name.upper() not in StopCriteria.__members__:
+        raise UsageError(f"stop_criteria must be EARLY, HEURISTIC or NEVER, got {value!r}")
+    return StopCriteria.__members__[name.upper()]
+
+
+def limit(value: int) -> int | None:
+    """A size_t limit as a number, None where genai's sentinel (SIZE_MAX) says unset."""
+    return None if value == SIZE_MAX else value
 
 
 # -- values, when the config is validated -----------------------------------------------------
@@ -157,7 +159,7 @@ def _check_stops(config: Any) -> None:
     if config.num_return_sequences < 1:
         raise UsageError(f"num_return_sequences must be >= 1, got {config.num_return_sequences}")
     eos, stops = config.eos_token_id, config.stop_token_ids
-    if eos is not None and eos not in stops:
+    if eos >= 0 and eos not in stops:
         raise UsageError(
             f"stop_token_ids {sorted(stops)} must contain eos_token_id ({eos}): set it with "
             "set_eos_token_id()"
@@ -167,7 +169,7 @@ def _check_stops(config: Any) -> None:
         raise UsageError(f"stop_token_ids must be >= 0, got {negative[0]}")
     if "" in config.stop_strings:
         raise UsageError("stop_strings must be non-empty strings, got ''")
-    limited = config.max_new_tokens is not None or config.max_length is not None
+    limited = limit(config.max_new_tokens) is not None or limit(config.max_length) is not None
     if config.ignore_eos and not limited:
         raise UsageError("ignore_eos=True needs max_new_tokens or max_length")
     if not (limited or stops or config.stop_strings):
@@ -175,7 +177,7 @@ def _check_stops(config: Any) -> None:
             "no stop condition: set max_new_tokens, max_length, eos_token_id, stop_token_ids "
             "or stop_strings"
         )
-    if config.max_new_tokens is not None:
+    if limit(config.max_new_tokens) is not None:
         if config.max_new_tokens == 0 and not config.echo:
             raise UsageError("max_new_tokens must be > 0 (0 only with echo=True)")
         if config.min_new_tokens > config.max_new_tokens:

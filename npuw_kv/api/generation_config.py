@@ -2,9 +2,9 @@
 with its methods (``validate``, ``update_generation_config``, ``set_eos_token_id``, the ``is_*``
 predicates) and its constructor from a ``generation_config.json``.
 
-Fields and defaults are genai's (2026.4), with genai's "unset" sentinels as ``None``
-(``eos_token_id`` -1, ``max_new_tokens`` / ``max_length`` / ``no_repeat_ngram_size`` SIZE_MAX)
-and ``top_k`` 0 for "off" (genai's SIZE_MAX and 0 both mean off).  As in genai, types are
+Fields and defaults are genai's (2026.4), its "unset" sentinels included: ``eos_token_id`` -1,
+``max_new_tokens`` / ``max_length`` / ``no_repeat_ngram_size`` / ``top_k`` SIZE_MAX (``None``
+is taken for them too), ``stop_criteria`` a ``StopCriteria``.  As in genai, types are
 checked when a config is built and values by :meth:`GenerationConfig.validate`, which every
 ``generate`` call runs before any work (:mod:`.config_checks`); a field we cannot honour is
 refused there by name, so nothing is silently dropped.
@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from ..errors import UsageError
-from .config_checks import SIZE_MAX, UNSET_IS_SIZE_MAX, check_values, normalize
+from .config_checks import SIZE_MAX, check_values, limit, normalize
 from .config_file import read_generation_config
 
 
@@ -26,11 +26,12 @@ class GenerationConfig:
     """Per-call generation settings, named and defaulted as ``openvino_genai.GenerationConfig``."""
 
     # stop conditions
-    max_new_tokens: int | None = None  # None: until a stop or the KV cache / context is full
-    max_length: int | None = None  # prompt + new tokens; max_new_tokens wins when both are set
+    # SIZE_MAX (or None, given): until a stop or the KV cache / context is full
+    max_new_tokens: int = SIZE_MAX
+    max_length: int = SIZE_MAX  # prompt + new tokens; max_new_tokens wins when both are set
     min_new_tokens: int = 0  # stop tokens are masked until this many tokens are generated
     ignore_eos: bool = False  # no stop token (EOS or stop_token_ids) ends generation
-    eos_token_id: int | None = None  # also one of stop_token_ids (merged, as genai does)
+    eos_token_id: int = -1  # -1: unset; also one of stop_token_ids (merged, as genai does)
     stop_token_ids: set[int] = field(default_factory=set)
     stop_strings: set[str] = field(default_factory=set)
     include_stop_str_in_output: bool = False
@@ -43,11 +44,11 @@ class GenerationConfig:
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
     presence_penalty: float = 0.0  # tokens generated so far, once each
     frequency_penalty: float = 0.0  # tokens generated so far, per occurrence
-    no_repeat_ngram_size: int | None = None  # n: no n-gram of prompt + output twice
+    no_repeat_ngram_size: int = SIZE_MAX  # n: no n-gram of prompt + output twice
     # multinomial sampling
     do_sample: bool = False
     temperature: float = 1.0
-    top_k: int = 0  # 0: off
+    top_k: int = SIZE_MAX  # SIZE_MAX or 0: off
     top_p: float = 1.0
     min_p: float = 0.0
     rng_seed: int | None = 0  # None: fresh OS entropy on each call
@@ -57,7 +58,7 @@ class GenerationConfig:
     num_beam_groups: int = 1
     diversity_penalty: float = 0.0
     length_penalty: float = 1.0
-    stop_criteria: str = "heuristic"  # or an openvino_genai.StopCriteria
+    stop_criteria: Any = "HEURISTIC"  # an openvino_genai.StopCriteria (or its name, given)
     # assisted generation: honoured by a pipeline made with prompt_lookup=True or
     # draft_model=, refused by any other (npuw_kv/generation/speculative.py)
     num_assistant_tokens: int | None = None
@@ -141,16 +142,16 @@ class GenerationConfig:
         """Tokens that end generation: ``stop_token_ids`` and ``eos_token_id`` (which the
         pipeline may fill in after building the config)."""
         ids = set(self.stop_token_ids)
-        if self.eos_token_id is not None:
+        if self.eos_token_id >= 0:
             ids.add(self.eos_token_id)
         return ids
 
     def new_token_budget(self, prompt_len: int) -> int | None:
         """How many tokens to generate at most (None: no limit), as genai: ``max_new_tokens``
         when set, else ``max_length`` minus the prompt."""
-        if self.max_new_tokens is not None:
+        if limit(self.max_new_tokens) is not None:
             return self.max_new_tokens
-        if self.max_length is None:
+        if limit(self.max_length) is None:
             return None
         if self.max_length <= prompt_len:
             raise UsageError(
@@ -183,13 +184,7 @@ class GenerationConfig:
                 "generation_config must be an npuw_kv or openvino_genai GenerationConfig, "
                 f"got {type(config).__name__}"
             )
-        values = {f.name: getattr(config, f.name) for f in fields(cls)}
-        for name in UNSET_IS_SIZE_MAX:
-            if values[name] == SIZE_MAX:
-                values[name] = None
-        if values["top_k"] == SIZE_MAX:
-            values["top_k"] = 0
-        return cls(**values)
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
     def to_genai(self) -> Any:
         """The same settings as an ``openvino_genai.GenerationConfig``."""
@@ -198,13 +193,7 @@ class GenerationConfig:
         config = openvino_genai.GenerationConfig()
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in UNSET_IS_SIZE_MAX or (f.name, value) == ("top_k", 0):
-                value = SIZE_MAX
-            elif f.name == "eos_token_id" and value is None:
-                value = -1
-            elif f.name == "stop_criteria":
-                value = openvino_genai.StopCriteria.__members__[value.upper()]
-            elif f.name == "rng_seed" and value is None or f.name == "adapters" and not value:
+            if f.name == "rng_seed" and value is None or f.name == "adapters" and not value:
                 continue  # genai has no "unseeded": keep its default; no adapters: its None
             try:
                 setattr(config, f.name, value)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..api.config_checks import limit
 from ..api.generation_config import GenerationConfig
 from ..api.generation_result import GenerationResult
 from ..errors import UsageError
@@ -133,7 +134,7 @@ class GroupBeamSearch:
                 for earlier in range(g):
                     for kid in children.get(earlier, []):
                         logp[kid.token] -= _F32(cfg.diversity_penalty)
-                n = cfg.no_repeat_ngram_size
+                n = limit(cfg.no_repeat_ngram_size)
                 history = self.prompt + beam.tokens
                 if n is not None and len(history) > 1 and len(history) >= n:
                     logp[banned_ngram_ends(history, n)] = -np.inf
@@ -196,7 +197,7 @@ class GroupBeamSearch:
         """genai's ``is_done``: judged on the best beam of the previous step."""
         if len(group.finished) < self.size:
             return
-        criteria, penalty = self.config.stop_criteria, self.config.length_penalty
+        criteria, penalty = self.config.stop_criteria.name.lower(), self.config.length_penalty
         best = group.beams[0]
         worst = min(h.rank for h in group.finished)
         if criteria == "early":

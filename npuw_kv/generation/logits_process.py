@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..api.config_checks import limit
 from ..api.generation_config import GenerationConfig
 
 
@@ -65,8 +66,9 @@ class LogitsProcessor:
             self._scale(out, self.prompt | set(self.counts), cfg.repetition_penalty)
         if cfg.presence_penalty or cfg.frequency_penalty:
             self._shift(out)
-        if cfg.no_repeat_ngram_size:
-            out[self.banned_ngram_ends(cfg.no_repeat_ngram_size)] = -np.inf
+        ngram = limit(cfg.no_repeat_ngram_size)
+        if ngram:
+            out[self.banned_ngram_ends(ngram)] = -np.inf
         if constraint is not None:
             out = np.asarray(constraint.apply(out), np.float32)
         return out
