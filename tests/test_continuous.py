@@ -84,6 +84,11 @@ def test_draft_model_requests_answer_as_plain_decoding(smol_dir, greedy):
     # genai's tests' setting: the draft stops at its first unsure token
     tokens, _ = run(pipe, PROMPTS[:1], config(assistant_confidence_threshold=0.9))
     assert tokens == greedy[:1]
+    # tree search: the draft's tree checked in one main-model call per step
+    tree = config(num_assistant_tokens=6, tree_depth=3, branching_factor=2)
+    tokens, steps = run(pipe, PROMPTS, tree)
+    assert tokens == greedy and steps < 2 * NEW
+    assert pipe.engine.kv_stats()["speculative"]["accepted"] > 0
 
 
 def test_without_a_scheduler_config_it_pages_as_genai_does(smol_dir, greedy):
