@@ -92,6 +92,27 @@ def test_a_shared_prefix_starts_from_the_checkpoint_at_its_last_chunk_boundary(p
     assert stats["state_checkpoints_reused"] == reused_before + 1
 
 
+def test_a_finer_checkpoint_interval_serves_a_shorter_shared_prefix(hybrid_dir):
+    """``state_checkpoint_interval`` (genai's ``cache_interval_multiplier`` x 32): checkpoints
+    every 64 tokens, inside a 256-token chunk, so a prompt sharing 230 tokens starts from the
+    one at 192 (with one per chunk it would start from nothing)."""
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.cache_interval_multiplier, scheduler.enable_prefix_caching = 2, True
+    fine = npuw_kv.ContinuousBatchingPipeline(
+        hybrid_dir, scheduler, "CPU", {"max_prompt_len": 512, **PA_F32}
+    )
+    pipe = LLMPipeline(fine.engine)
+    text = _prompt(300)
+    other = np.concatenate([text[:230], _prompt(40, 3)])
+    cold = _alone(pipe, other)
+    pipe.runner.forget_prefixes()
+    _alone(pipe, text)
+    assert _alone(pipe, other) == cold == _genai(hybrid_dir, other)[0]
+    stats = pipe.kv_stats()
+    assert stats["state_checkpoint_interval"] == 64
+    assert stats["reused_tokens"] == 192
+
+
 def test_preempted_sequences_start_again_from_their_states(hybrid_dir):
     small = LLMPipeline(hybrid_dir, "CPU", max_prompt_len=512, prefix_cache_tokens=64, **PA_F32)
     # two ~330-token prompts fill the room's blocks; decoding 30 tokens more each needs more
@@ -146,3 +167,11 @@ def test_a_draft_models_rejected_candidates_are_rolled_back(pipe, hybrid_dir, tm
     assert list(got.tokens) == want
     stats = draft.kv_stats()["speculative"]
     assert stats["candidates"] > stats["accepted"]
+
+
+def test_a_checkpoint_interval_is_whole_blocks_and_said_idle_without_states(hybrid_dir, smol_dir):
+    with pytest.raises(ValueError, match="state_checkpoint_interval .* whole KV blocks of 32"):
+        LLMPipeline(hybrid_dir, "CPU", state_checkpoint_interval=48, **PA_F32)
+    with pytest.warns(RuntimeWarning, match="state_checkpoint_interval .* no effect"):
+        plain = LLMPipeline(smol_dir, "CPU", state_checkpoint_interval=64, **PA_F32)
+    assert len(plain.generate("Hi", max_new_tokens=2).tokens) == 2

@@ -148,3 +148,28 @@ def test_generation_result_is_genais_as_genais_test_helpers_build_it():
     result.m_generation_ids = ["a", "b"]
     assert result.m_generation_ids == ["a", "b"]
     assert npuw_kv.GenerationResult is openvino_genai.GenerationResult
+
+
+def test_cache_interval_multiplier_sets_the_state_checkpoint_interval():
+    """genai's ``cache_interval_multiplier``: checkpoints of a hybrid model's states every that
+    many 32-token blocks (``state_checkpoint_interval``); 0, or the static-shape path, refused."""
+    import npuw_kv
+    from npuw_kv.api.pipeline_args import scheduler_settings
+    from npuw_kv.config.pipeline_config import PipelineConfig
+
+    scheduler = npuw_kv.SchedulerConfig()
+    scheduler.cache_interval_multiplier = 2
+    settings = scheduler_settings(scheduler, "CPU", {"attention_backend": "pa"})
+    assert settings["state_checkpoint_interval"] == 64
+    assert PipelineConfig.from_kwargs("CPU", **settings).state_checkpoint_interval == 64
+    for device, backend in (("NPU", "auto"), ("CPU", "sdpa")):
+        with pytest.raises(npuw_kv.UsageError, match="cache_interval_multiplier .*static-shape"):
+            scheduler_settings(scheduler, device, {"attention_backend": backend})
+    with pytest.raises(
+        npuw_kv.UsageError,
+        match=r"state_checkpoint_interval \(STATE_CHECKPOINT_INTERVAL\) applies to",
+    ):
+        PipelineConfig.from_kwargs("CPU", attention_backend="sdpa", state_checkpoint_interval=64)
+    scheduler.cache_interval_multiplier = 0
+    with pytest.raises(npuw_kv.UsageError, match="cache_interval_multiplier=0 .*multiplier > 0"):
+        scheduler_settings(scheduler, "CPU", {"attention_backend": "pa"})

@@ -117,9 +117,9 @@ _UNSUPPORTED = {
         "kept as the KV holds intervals (num_kv_blocks / prefix_cache_tokens size that)",
     ),
     "cache_interval_multiplier": (
-        lambda v: v is not None,
-        "linear-attention states are checkpointed at every prefill chunk: set the interval with "
-        "max_num_batched_tokens (prefill_chunk_size)",
+        lambda v: v == 0,
+        "a hybrid model's preempted or prefix-sharing sequence starts again from a state "
+        "checkpoint: give a multiplier > 0 (or leave it unset: one checkpoint per prefill chunk)",
     ),
 }
 
@@ -130,7 +130,8 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
     chunk (at most MAX_PROMPT_LEN), ``num_kv_blocks`` -> KV blocks of 32 tokens (the room
     beyond one sequence's becomes ``prefix_cache_tokens``, which then bounds the batch too;
     fewer blocks than one sequence needs lower the sequence's lengths: :func:`_small_pools`),
-    ``max_num_seqs`` -> the sequences a batched step runs at most (``cache_size``, in GB, is
+    ``max_num_seqs`` -> the sequences a batched step runs at most, ``cache_interval_multiplier``
+    -> ``state_checkpoint_interval`` (that many 32-token blocks; ``cache_size``, in GB, is
     applied once the model's bytes per token are known: :func:`scheduler_cache_bytes`).
     Anything else set is refused, naming the field."""
     if not isinstance(scheduler, openvino_genai.SchedulerConfig):
@@ -146,6 +147,12 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
         if is_set(value):
             raise UsageError(f"scheduler_config.{name}={value!r} is not supported: {why}")
     default = openvino_genai.SchedulerConfig()
+    if not base.paged and scheduler.cache_interval_multiplier is not None:
+        raise UsageError(
+            "scheduler_config.cache_interval_multiplier checkpoints a hybrid model's states "
+            "beside the paged KV blocks; the static-shape path runs no hybrid model: leave it "
+            "unset"
+        )
     if not base.paged and decide.packed_slots(base):
         return _merge(settings, user, _slot_settings(scheduler, default))
     if not base.paged:
@@ -160,6 +167,10 @@ def scheduler_settings(scheduler: Any, device: str, settings: Mapping[str, Any])
         mapped["split_fuse"] = ("dynamic_split_fuse", False)
     if scheduler.max_num_seqs != default.max_num_seqs:
         mapped["max_num_seqs"] = ("max_num_seqs", int(scheduler.max_num_seqs))
+    multiplier = scheduler.cache_interval_multiplier
+    if multiplier is not None:
+        interval = int(multiplier) * PAGED_BLOCK_TOKENS
+        mapped["state_checkpoint_interval"] = ("cache_interval_multiplier", interval)
     batched = scheduler.max_num_batched_tokens
     if batched != default.max_num_batched_tokens:
         chunk = min(batched, base.requested_max_prompt_len)

@@ -61,6 +61,9 @@ class PipelineConfig:
     # ("0.25,0.75": ascending windows, full last; "8:0.25,full:0.75"; None: same tokens each)
     prefix_cache_host_tokens: int = 0
     kv_window_shares: str | None = None
+    # paged path, hybrid models: tokens between checkpoints of the linear-attention states
+    # (whole KV blocks; 0: the prefill chunk rounded up to them)
+    state_checkpoint_interval: int = 0
     npuw_devices: str = "CPU"
     # NPU path on NPUW's CPU stand-in: run the requests under a double of the NPU plugin's I/O
     # rules (runtime/npu_rules.py): what a real NPU refuses fails, what it copies is counted
@@ -215,6 +218,12 @@ class PipelineConfig:
             object.__setattr__(self, "kv_window_shares", format_shares(shares))
         if self.paged:
             return
+        if self.state_checkpoint_interval:
+            raise UsageError(
+                f"{label('state_checkpoint_interval')} applies to attention_backend='pa' (a "
+                "hybrid model's states beside the KV blocks); the static-shape path (NPU, "
+                "attention_backend='sdpa') runs no hybrid model: leave it unset"
+            )
         if self.prefix_cache_host_tokens:
             raise UsageError(
                 f"{label('prefix_cache_host_tokens')} applies to attention_backend='pa' (the "

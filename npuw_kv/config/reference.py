@@ -82,6 +82,14 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         None,
         "`pa`: a host tier the evicted blocks move to and come back from on a hit",
     ),
+    "state_checkpoint_interval": (
+        None,
+        (
+            "`pa`, hybrid models: tokens between checkpoints of the linear-attention states, "
+            "whole 32-token blocks (genai's `cache_interval_multiplier` x 32); 0: the prefill "
+            "chunk rounded up to blocks"
+        ),
+    ),
     "kv_window_shares": (
         "even",
         (

@@ -46,6 +46,7 @@ ALIASES: dict[str, str] = {
     "PREFIX_REUSE": "prefix_reuse",
     "PREFIX_CACHE_TOKENS": "prefix_cache_tokens",
     "PREFIX_CACHE_HOST_TOKENS": "prefix_cache_host_tokens",
+    "STATE_CHECKPOINT_INTERVAL": "state_checkpoint_interval",
     "KV_WINDOW_SHARES": "kv_window_shares",
     "NPUW_KV_WINDOW_SIZE_SHARES": "kv_window_shares",
     "NPUW_DEVICES": "npuw_devices",
@@ -114,6 +115,7 @@ _INTS = (
     "num_threads",
     "prefix_cache_tokens",
     "prefix_cache_host_tokens",
+    "state_checkpoint_interval",
     "max_num_seqs",
 )
 # None means auto for these
@@ -134,6 +136,7 @@ MINIMUMS = {
     "min_response_len": 1,
     "prefix_cache_tokens": 0,
     "prefix_cache_host_tokens": 0,
+    "state_checkpoint_interval": 0,
     "num_threads": 0,
     "max_num_seqs": 1,
 }

@@ -148,6 +148,7 @@ def build_runner(
                     prefix_cache_tokens=config.prefix_cache_tokens,
                     windows=windows,
                     host_tokens=config.prefix_cache_host_tokens,
+                    state_interval=config.state_checkpoint_interval,
                     shares=shares,
                     shares_source=source,
                 ),

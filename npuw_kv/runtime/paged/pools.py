@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from ...config.settings import label
+from ...errors import UsageError
 from ...kv.blocks import (
     BlockManagerConfig,
     HybridBlockManager,
@@ -64,9 +66,12 @@ class PagedPools:
         host_tokens: int,
         shares: Shares | None,
         shares_source: str,
+        state_interval: int = 0,
     ) -> None:
         """``capacity``: tokens one sequence may hold; ``room``: prefix-cache tokens beyond
-        it; ``windows``: each layer's attention window (None: full; default all full)."""
+        it; ``windows``: each layer's attention window (None: full; default all full);
+        ``state_interval``: tokens between a hybrid model's state checkpoints (whole blocks;
+        0: the chunk rounded up to blocks)."""
         self.request = request
         self.capacity, self.chunk = capacity, chunk
         self.room, self.host_tokens = room, host_tokens
@@ -101,11 +106,27 @@ class PagedPools:
         }
         self.moved_bytes = 0  # block moves: SWA prefix hits, host-tier offloads and restores
         self._shares, self._source = shares, shares_source
-        interval = blocks_for(chunk, self.block_size) * self.block_size
-        self.states = PagedStates.of(request, interval)  # a hybrid model's
+        self.states = PagedStates.of(request, self._interval(state_interval))  # a hybrid's
+        if self.states is None and state_interval:
+            warnings.warn(
+                f"{label('state_checkpoint_interval')} has no effect: the model has no "
+                "linear-attention layers (as genai ignores cache_interval_multiplier there)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.allocate(self.plan_for(shares, shares_source))
 
     # -- a hybrid model's linear-attention states ----------------------------------------------
+    def _interval(self, given: int) -> int:
+        """Tokens between state checkpoints: ``given`` (whole blocks), or the chunk rounded up
+        to blocks, so that a prompt's chunks end where checkpoints are."""
+        if given % self.block_size:
+            raise UsageError(
+                f"{label('state_checkpoint_interval')} must be whole KV blocks of "
+                f"{self.block_size} tokens, got {given}"
+            )
+        return given or blocks_for(self.chunk, self.block_size) * self.block_size
+
     def _max_checkpoints(self) -> int:
         """One state checkpoint per interval of the tokens the KV pools hold."""
         assert self.states is not None

@@ -59,6 +59,7 @@ class PagedRunner(Runner):
         prefix_cache_tokens: int = 0,
         windows: Sequence[int | None] | None = None,
         host_tokens: int = 0,
+        state_interval: int = 0,
         shares: Shares | None = None,
         shares_source: str = "kv_window_shares",
     ) -> None:
@@ -89,6 +90,7 @@ class PagedRunner(Runner):
             windows=windows,
             room=prefix_cache_tokens,
             host_tokens=host_tokens,
+            state_interval=state_interval,
             shares=shares,
             shares_source=shares_source,
         )
