@@ -68,16 +68,16 @@ class PagedRunner(Runner):
         ``windows``: the attention window of each layer (None: full; default all full), whose
         block tables the model takes as ``block_table_input(window)``.  ``host_tokens``: the
         host tier, where blocks evicted from the pools go; ``shares`` (parsed, from the
-        setting ``shares_source``): how the room and the host tier split between windows."""
+        setting ``shares_source``): how the room and the host tier split between windows;
+        ``state_interval``: a hybrid model's state checkpoints (:class:`PagedPools`)."""
         self.request = request
         names = {n for i in request.get_compiled_model().inputs for n in i.get_names()}
         self._rows_input = LOGITS_ROWS in names
-        # the model checks a tree of candidates in one call (verify with parents)
-        self.takes_trees = TREE_MASK in names
+        self.takes_trees = TREE_MASK in names  # verify(tokens, parents) checks a tree
         self.kv_binding = "paged"
-        # the device writes every token's KV into the cache in place: the host copies none
-        # (only a prefix hit on a sliding-window block a live sequence holds moves a block,
-        # and the host tier's offloads and restores: PagedPools.moved_bytes)
+        # the device writes every token's KV into the cache in place: the host copies none (only
+        # a prefix hit on a sliding-window block a live sequence holds moves a block, and the
+        # host tier's offloads and restores: PagedPools.moved_bytes)
         self.prefill_copied_bytes = self.switch_copied_bytes = 0
         self.capacity = capacity
         self.max_prompt_len = max_prompt_len
@@ -184,11 +184,7 @@ class PagedRunner(Runner):
         """The common accounting, and the pools and tiers of the block manager: blocks per
         window pool (with the shares applied), the host tier's bytes (held now; offloaded and
         restored so far), and the blocks held at a chat system prompt's priority."""
-        return {
-            **super().stats(),
-            **self.memory.stats(),
-            "priority_held_tokens": self.held_tokens,
-        }
+        return {**super().stats(), **self.memory.stats(), "priority_held_tokens": self.held_tokens}
 
     # -- phases ------------------------------------------------------------------------------
     def release(self) -> None:
