@@ -3,14 +3,17 @@
 A *candidate source* (:mod:`~npuw_kv.generation.candidates`) guesses the next tokens:
 :class:`PromptLookup` copies what followed the latest earlier occurrence of the text's last
 n-gram (prompt + answer),
-:class:`DraftProposer` lets a small draft model run ahead greedily.  :class:`SpeculativeRunner`
-feeds the main model the token just chosen *and* the candidates in one chunk over the shared KV
-cache (``Runner.verify``), which returns the logits after each of them.
+:class:`DraftProposer` lets a small draft model run ahead greedily, or grows a tree of its
+likeliest continuations (tree search, :mod:`~npuw_kv.generation.draft_tree`).
+:class:`SpeculativeRunner` feeds the main model the token just chosen *and* the candidates in
+one chunk over the shared KV cache (``Runner.verify``; a tree with its mask), which returns the
+logits after each of them.
 
 The generation loop (:mod:`npuw_kv.generation.decode`) is not changed: it still samples one token
 at a time.  When the token it chose is the next candidate, the logits after that candidate are
-already computed and :meth:`SpeculativeRunner.step` returns them without running the model;
-at the first other token the rejected candidates' KV is dropped (``Runner.truncate``) and the
+already computed and :meth:`SpeculativeRunner.step` returns them without running the model (in
+a tree: a child of the node taken last); at the first other token the rejected candidates' KV
+is dropped (``Runner.truncate``; accepted tree nodes cached out of place are fed again) and the
 next round starts.  So every token is chosen from the logits plain decoding would compute
 (up to the rounding of a K + 1-row chunk against a one-row step: in exact f32 greedy output is
 plain greedy's token for token, and sampling draws what plain sampling draws), while stop
