@@ -190,7 +190,8 @@ def test_grow_tree_keeps_the_best_paths_depth_first():
     # scores: 1 .6, 2 .3, 1-4 .3, 1-5 .3, 2-6 .27, 2-7 .03: the best five, the likelier first
     assert tree.tokens == (1, 4, 5, 2, 6)
     assert tree.parents == (-1, 0, 0, -1, 3)
-    assert tree.depth() == 2 and tree.child(-1, 2) == 3 and tree.child(0, 6) is None
+    assert depths(tree.parents).max() + 1 == 2  # nodes on the longest path
+    assert tree.child(-1, 2) == 3 and tree.child(0, 6) is None
     chain = grow_tree(root, fake_draft(table), depth=3, branching=1, size=10)
     assert chain.is_chain and chain.tokens == (1, 4, 0)  # branching 1: greedy (ties: low id)
 
@@ -205,3 +206,22 @@ def test_in_place_and_masks():
         attention_mask([0])
     with pytest.raises(ValueError, match="each parent must come before"):
         CandidateTree((1, 2), (1, -1))
+
+
+def test_tree_search_is_refused_before_any_work_where_a_model_takes_no_tree_mask():
+    """A hybrid model's paged form has no tree mask: ``check`` (every call's, before any work)
+    names the model, and a call without a tree stays allowed."""
+    from npuw_kv.api.generation_config import GenerationConfig
+    from npuw_kv.errors import UsageError
+    from npuw_kv.generation.speculative import Assisted
+
+    flat = StandIn()
+    flat.takes_trees = False
+    tree = GenerationConfig(max_new_tokens=4, tree_depth=2, num_assistant_tokens=4)
+    chain = GenerationConfig(max_new_tokens=4, num_assistant_tokens=4)
+    for main, draft, name in ((flat, StandIn(), "the model"), (StandIn(), flat, "the draft model")):
+        assisted = Assisted("draft_model", draft, main)
+        with pytest.raises(UsageError, match=f"tree_depth > 0 .*{name}'s paged form"):
+            assisted.check(tree)
+        assisted.check(chain)
+    Assisted("draft_model", StandIn(), StandIn()).check(tree)

@@ -55,13 +55,6 @@ class CandidateTree:
                 return i
         return None
 
-    def depth(self) -> int:
-        """Nodes on the longest root-to-leaf path."""
-        depths: list[int] = []
-        for p in self.parents:
-            depths.append(1 if p < 0 else depths[p] + 1)
-        return max(depths, default=0)
-
 
 @dataclass
 class _Node:

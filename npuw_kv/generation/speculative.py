@@ -353,9 +353,21 @@ class Assisted:
     """A pipeline's assisted generation: none, prompt lookup or a draft model.  It checks each
     call's generation config and wraps the runner for the calls that speculate."""
 
-    def __init__(self, mode: str | None = None, draft: Runner | None = None) -> None:
+    def __init__(
+        self, mode: str | None = None, draft: Runner | None = None, main: Runner | None = None
+    ) -> None:
+        """``main``: the pipeline's runner (whether it checks trees)."""
         self.mode = mode
         self.draft = draft
+        # the model that cannot check a tree of candidates in one call (None: both can)
+        self._no_trees: str | None = None
+        if draft is not None:
+            lacking = [
+                n
+                for n, r in (("the model", main), ("the draft model", draft))
+                if r is None or not r.takes_trees
+            ]
+            self._no_trees = lacking[0] if lacking else None
         self.last: SpeculativeStats | None = None
         self._current: SpeculativeRunner | None = None
         self._done: list[SpeculativeRunner] = []  # this call's prompts (extended metrics)
@@ -373,11 +385,17 @@ class Assisted:
                 f"draft_model has a vocabulary of {vocab} tokens, the model {pipe.vocab_size}: "
                 "the draft must share the main model's tokenizer"
             )
-        return cls(mode, runner)
+        return cls(mode, runner, pipe.runner)
 
     def check(self, config: GenerationConfig) -> None:
         """Refuse what ``config`` asks that this pipeline cannot do."""
         check_config(config, self.mode)
+        if config.tree_depth and self._no_trees is not None:
+            raise UsageError(
+                f"tree_depth > 0 (tree search): {self._no_trees}'s paged form takes no tree "
+                "mask (its linear-attention layers would run the branches as one sequence): "
+                "set tree_depth=0"
+            )
 
     def start(self) -> None:
         """A generate call starts: the extended metrics are its own."""
@@ -396,22 +414,10 @@ class Assisted:
             source = DraftProposer(self.draft, threshold)
         self.last = SpeculativeStats(self.mode)
         tree = (config.tree_depth, config.branching_factor) if config.tree_depth else None
-        if tree is not None:
-            self._check_trees(runner)
         self._current = SpeculativeRunner(
             runner, source, count, config.new_token_budget, self.last, tree
         )
         return self._current
-
-    def _check_trees(self, runner: Runner) -> None:
-        """Refuse tree search where a model cannot check a tree in one call."""
-        for name, r in (("the model", runner), ("the draft model", self.draft)):
-            if r is None or not r.takes_trees:
-                raise UsageError(
-                    f"tree_depth > 0 (tree search): {name}'s paged form takes no tree mask "
-                    "(its linear-attention layers would run the branches as one sequence): "
-                    "set tree_depth=0"
-                )
 
     def finish(self) -> None:
         if self._current is not None:
