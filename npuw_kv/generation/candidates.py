@@ -100,7 +100,7 @@ class DraftProposer:
                 raise _TooBig
             return self.timing.run(self.runner.verify, paths.tokens, paths.parents)
 
-        # each layer's call holds its kept nodes' paths: at most branching x (depth - 1)
+        # the deepest layer is never run: the longest path a layer's call feeds is depth - 1
         depth = min(depth, self.runner.remaining_capacity + 1)
         try:
             tree = grow_tree(logits, expand, depth, branching, size)
